@@ -1,0 +1,113 @@
+"""Request bodies of the OpenAI-compatible API, validated with pydantic so a bad field is answered
+with a 400 that names it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .scheduler import class_rank
+
+
+class _Body(BaseModel):
+    # Unknown OpenAI fields (logprobs, n=1, ...) are accepted and ignored, as other servers do.
+    model_config = ConfigDict(extra="allow")
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any] | str] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class SamplingFields(_Body):
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    priority: str | int | None = None
+    ignore_eos: bool = False
+    n: int = Field(1, ge=1, le=1)
+
+    @field_validator("priority")
+    @classmethod
+    def _known_class(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            class_rank(v)
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 8:
+            raise ValueError("at most 8 stop strings")
+        return v
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ToolFunction(_Body):
+    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object",
+                                                                "properties": {}})
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[Message] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str]
+    echo: bool = False
+
+
+class EmbeddingRequest(_Body):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = Field(None, max_length=256)
+    priority: str | int | None = None
+    dimensions: int | None = None
+
+    @field_validator("priority")
+    @classmethod
+    def _known_class(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            class_rank(v)
+        return v

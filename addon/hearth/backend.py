@@ -1,0 +1,113 @@
+"""The engine's backend on llama.cpp: a model, its generation context and (lazily) an embedding
+context on the same weights or a separate embedding model."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .llama_adapter import Context, ContextParams, Model, Sampler, Utf8Decoder
+from .requests import SamplingParams
+
+
+class LlamaBackend:
+    def __init__(self, model: Model, params: ContextParams, embed_model: Model | None = None,
+                 embed_batch: int = 2048, embed_inputs: int = 32):
+        self.model = model
+        self.ctx = Context(model, params)
+        self.n_ctx = self.ctx.n_ctx
+        # A unified pool lets one sequence use the whole cache; keep it within what the model
+        # was trained for.
+        self.n_ctx_seq = min(self.n_ctx, model.n_ctx_train or self.n_ctx)
+        self.n_seq_max = self.ctx.n_seq_max
+        self.n_batch = self.ctx.n_batch
+        self.n_ubatch = self.ctx.n_ubatch
+        self._embed_model = embed_model or model
+        self._embed_ctx: Context | None = None
+        self._embed_batch = embed_batch
+        self._embed_inputs = embed_inputs
+        self._threads = params.n_threads
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
+               outputs: list[bool]) -> int:
+        return self.ctx.decode(tokens, pos, seqs, outputs)
+
+    def new_sampler(self, p: SamplingParams) -> Sampler:
+        return Sampler(self.model, p)
+
+    def sample(self, sampler: Sampler, i: int) -> int:
+        return sampler.sample(self.ctx, i)
+
+    def free_sampler(self, sampler: Sampler) -> None:
+        sampler.close()
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        self.ctx.seq_rm(seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.ctx.seq_cp(src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return self.ctx.seq_pos_max(seq)
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    def piece(self, token: int) -> bytes:
+        return self.model.piece(token)
+
+    def make_decoder(self) -> Utf8Decoder:
+        return Utf8Decoder()
+
+    def request_abort(self) -> None:
+        self.ctx.request_abort()
+
+    def clear_abort(self) -> None:
+        self.ctx.clear_abort()
+
+    # -- embeddings -------------------------------------------------------------------------
+    def embed_limits(self) -> tuple[int, int]:
+        return self._embed_batch, self._embed_inputs
+
+    def _embed_context(self) -> Context:
+        if self._embed_ctx is None:
+            self._embed_ctx = Context(self._embed_model, ContextParams(
+                n_ctx=self._embed_batch, n_seq_max=self._embed_inputs,
+                n_batch=self._embed_batch, n_ubatch=self._embed_batch,
+                n_threads=self._threads, embeddings=True, kv_unified=True))
+        return self._embed_ctx
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """Mean-pooled, L2-normalised embeddings of several inputs in one decode."""
+        ctx = self._embed_context()
+        tokens: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        for s, toks in enumerate(inputs):
+            tokens.extend(toks)
+            pos.extend(range(len(toks)))
+            seqs.extend([s] * len(toks))
+        try:
+            status = ctx.decode(tokens, pos, seqs, [True] * len(tokens))
+            if status != 0:
+                raise RuntimeError(f"llama_decode returned {status}")
+            out = []
+            for s in range(len(inputs)):
+                v = ctx.sequence_embedding(s)
+                norm = sum(x * x for x in v) ** 0.5 or 1.0
+                out.append([x / norm for x in v])
+            return out
+        finally:
+            ctx.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "n_seq_max": self.n_seq_max,
+                "n_batch": self.n_batch, "n_ubatch": self.n_ubatch}
+
+    def close(self) -> None:
+        if self._embed_ctx is not None:
+            self._embed_ctx.close()
+        self.ctx.close()

@@ -1,0 +1,674 @@
+"""The engine: continuous (iteration-level) batching with chunked prefill, a prefix cache and
+preemption, driven by :mod:`hearth.scheduler`.
+
+:class:`EngineCore` is the iteration logic over an abstract :class:`Backend` (llama.cpp in
+production, a simulated cost model in the scheduler tests). :class:`Engine` runs it in the one
+thread that owns the llama.cpp context; other threads only ``submit`` and ``cancel``.
+
+One iteration (design §3): admit waiting requests into free sequence ids if the KV pool holds
+their prompt; build one batch — a decode token for every running sequence, highest class first,
+then prefill chunks in scheduler order under a token budget sized from measured per-token cost;
+decode once; sample, detokenize, check stops; emit events; retire finished sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .kvcache import KVPool
+from .requests import Event, Request, SamplingParams, StopMatcher
+from .scheduler import INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    n_ctx: int  # KV cells in the pool
+    n_ctx_seq: int  # most tokens one sequence may hold
+    n_seq_max: int
+    n_batch: int
+    n_ubatch: int
+
+    def now(self) -> float: ...
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
+               outputs: list[bool]) -> int: ...
+    def new_sampler(self, p: SamplingParams) -> Any: ...
+    def sample(self, sampler: Any, i: int) -> int: ...
+    def free_sampler(self, sampler: Any) -> None: ...
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+    def seq_pos_max(self, seq: int) -> int: ...
+    def is_eog(self, token: int) -> bool: ...
+    def piece(self, token: int) -> bytes: ...
+    def make_decoder(self) -> Any: ...
+    def request_abort(self) -> None: ...
+    def clear_abort(self) -> None: ...
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
+    def embed_limits(self) -> tuple[int, int]: ...  # (tokens per batch, inputs per batch)
+
+
+class RequestError(Exception):
+    """A request the engine refuses at submission (HTTP layer maps ``status``)."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error",
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+@dataclass
+class EngineConfig:
+    latency_target_s: float = 0.06
+    relax_prefill_bound: bool = False
+    prefix_cache: bool = True
+    prefix_cache_entries: int = 8
+    max_queue: int = 64
+    min_prefill_chunk: int = 16
+
+
+class CostModel:
+    """Iteration time ≈ base + per_token × tokens, learnt from every decode (exponentially
+    weighted), so the prefill budget tracks what this machine really costs."""
+
+    def __init__(self, base: float = 0.002, per_token: float = 0.0005, alpha: float = 0.2):
+        self.base = base
+        self.per_token = per_token
+        self.alpha = alpha
+        self.samples = 0
+
+    def observe(self, n_tokens: int, elapsed: float) -> None:
+        a = self.alpha
+        self.samples += 1
+        if n_tokens <= 2:
+            self.base = (1 - a) * self.base + a * max(0.0, elapsed - self.per_token * n_tokens)
+        else:
+            est = max(1e-7, (elapsed - self.base) / n_tokens)
+            self.per_token = (1 - a) * self.per_token + a * est
+
+    def predict(self, n_tokens: int) -> float:
+        return self.base + self.per_token * n_tokens
+
+    def tokens_within(self, seconds: float) -> int:
+        return int(max(0.0, seconds - self.base) / self.per_token)
+
+
+@dataclass
+class _Item:
+    req: Request
+    start: int  # first position fed
+    n: int
+    output: bool
+
+
+class EngineCore:
+    def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
+                 cfg: EngineConfig | None = None, stats: Stats | None = None):
+        self.b = backend
+        self.cfg = cfg or EngineConfig()
+        self.policy = Policy(policy_cfg)
+        self.stats = stats or Stats()
+        entries = self.cfg.prefix_cache_entries if self.cfg.prefix_cache else 0
+        self.pool = KVPool(backend.n_ctx, backend.n_seq_max, entries, self.cfg.prefix_cache)
+        self.cost = CostModel()
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.embed_waiting: list[Request] = []
+        self.lock = threading.RLock()  # guards the inbox, queue counts and snapshots
+        self.wakeup = threading.Event()
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._by_id: dict[int, Request] = {}
+        self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
+        self._events: dict[int, list[Event]] = {}
+        self.last_iteration: dict[str, Any] = {}
+
+    # -- any thread ------------------------------------------------------------------------
+    def submit(self, r: Request) -> Request:
+        """Queue a request. Raises RequestError for a prompt that cannot fit or a full queue."""
+        if r.kind == "generate":
+            if not r.prompt:
+                raise RequestError("the prompt is empty")
+            if len(r.prompt) >= self.b.n_ctx_seq:
+                raise RequestError(
+                    f"the prompt has {len(r.prompt)} tokens; this model's context holds "
+                    f"{self.b.n_ctx_seq}", status=400, code="context_length_exceeded")
+        else:
+            limit, _ = self.b.embed_limits()
+            for p in r.prompt:
+                if not p:
+                    raise RequestError("an embedding input is empty")
+                if len(p) > limit:  # type: ignore[arg-type]
+                    raise RequestError(
+                        f"an embedding input has {len(p)} tokens; the limit is {limit}",
+                        code="context_length_exceeded")
+        with self.lock:
+            queued = sum(1 for x in self.waiting + self.embed_waiting if x.rank == r.rank) + \
+                sum(1 for k, x in self._inbox if k == "add" and x.rank == r.rank)
+            if queued >= self.cfg.max_queue:
+                self.stats.rejected[r.cls] += 1
+                raise RequestError(f"the {r.cls} queue is full", status=429,
+                                   code="queue_full", retry_after=self._retry_after())
+            r.arrival = self.b.now()
+            self._inbox.append(("add", r))
+            self._maybe_abort(r)
+        self.wakeup.set()
+        return r
+
+    def cancel(self, request_id: int) -> None:
+        with self.lock:
+            self._inbox.append(("cancel", request_id))
+        self.wakeup.set()
+
+    def _retry_after(self) -> float:
+        return max(1.0, round(self.cost.predict(self.b.n_batch) * 4, 1))
+
+    def _maybe_abort(self, r: Request) -> None:
+        """A voice request arriving while the running decode only prefills lower classes cuts
+        that decode at the next graph node (its finished micro-batches are kept)."""
+        if self.policy.cfg.mode != "hearth" or r.rank != VOICE_RANK or self._inflight is None:
+            return
+        best_rank, prefill_tokens = self._inflight
+        if prefill_tokens >= self.b.n_ubatch and best_rank > r.rank:
+            self.b.request_abort()
+
+    def calibrate(self, token: int, rounds: int = 2) -> None:
+        """Seed the cost model (and warm the kernels) with a few decodes of known size before
+        serving, so the first iterations already respect the latency target."""
+        sizes = [1, self.b.n_ubatch, 1, min(self.b.n_batch, 2 * self.b.n_ubatch)] * rounds
+        for n in sizes:
+            t0 = self.b.now()
+            status = self.b.decode([token] * n, list(range(n)), [0] * n,
+                                   [False] * (n - 1) + [True])
+            dt = self.b.now() - t0
+            self.b.seq_rm(0)
+            if status == 0:
+                self.cost.observe(n, dt)
+
+    def has_work(self) -> bool:
+        return bool(self._inbox or self.waiting or self.running or self.embed_waiting)
+
+    # -- the engine thread -----------------------------------------------------------------
+    def step(self) -> bool:
+        """One iteration. Returns False when there was nothing to do."""
+        now = self.b.now()
+        self._drain_inbox(now)
+        self._admit(now)
+        items = self._build_batch(now)
+        if self._should_embed(items, now):
+            self._run_embeddings(now)
+            self._flush_events()
+            return True
+        if not items:
+            self._flush_events()
+            return bool(self.waiting or self.running)
+        self._decode(items)
+        self._flush_events()
+        return True
+
+    def _emit(self, r: Request, ev: Event) -> None:
+        self._events.setdefault(r.id, []).append(ev)
+
+    def _flush_events(self) -> None:
+        if not self._events:
+            return
+        events, self._events = self._events, {}
+        for rid, evs in events.items():
+            r = self._by_id.get(rid)
+            if r is not None:
+                if any(e.kind in ("done", "error") for e in evs):
+                    self._by_id.pop(rid, None)
+                try:
+                    r.sink(evs)
+                except Exception:  # a broken consumer must not stop the engine
+                    log.exception("event sink of request %s failed", rid)
+
+    def _drain_inbox(self, now: float) -> None:
+        with self.lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, x in items:
+            if kind == "add":
+                r: Request = x
+                self._by_id[r.id] = r
+                self.policy.user_arrived(r.user)
+                if r.kind == "embed":
+                    self.embed_waiting.append(r)
+                else:
+                    r.tokens = list(r.prompt)  # type: ignore[arg-type]
+                    r.stopper = StopMatcher(r.stop)
+                    r.decoder = self.b.make_decoder()
+                    self.waiting.append(r)
+            else:
+                r = self._by_id.get(x)
+                if r is not None and not r.finished:
+                    r.cancelled = True
+                    self._finish(r, "cancelled", now)
+
+    # -- admission and preemption -----------------------------------------------------------
+    def _admit(self, now: float) -> None:
+        if not self.waiting:
+            return
+        for r in self.policy.order(list(self.waiting), now):
+            if not self.policy.may_admit(r, self.running, self.waiting, now):
+                if len(self.running) < self.policy.max_running:
+                    continue  # held back by its class cap; others may still go
+                victim = self.policy.priority_victim(r, self.running, now)
+                if victim is None:
+                    if self.policy.cfg.mode == "hearth":
+                        continue  # a lower class behind it may not preempt either
+                    break
+                self._preempt(victim, now)
+            entry, hit = (self.pool.lookup(r.tokens) if self.cfg.prefix_cache else (None, 0))
+            need = len(r.tokens) - hit + 1
+            while self.pool.free_cells < need:
+                if any(e is not entry for e in self.pool.entries.values()):
+                    self._evict_entry(avoid=entry)
+                    continue
+                victim = self.policy.priority_victim(r, self.running, now)
+                if victim is None and entry is not None and entry.seq_id in self.pool.entries:
+                    self._evict_entry(avoid=None)  # the hit itself must go
+                    entry, hit = None, 0
+                    need = len(r.tokens) + 1
+                    continue
+                if victim is None:
+                    break
+                self._preempt(victim, now)
+            if self.pool.free_cells < need:
+                if not self.running:  # nothing will ever free room: refuse it
+                    self._fail(r, "the KV cache cannot hold this prompt", now, status=400)
+                    continue
+                break  # wait for room rather than let smaller requests overtake forever
+            seq = self.pool.take_id()
+            if seq is None:
+                break
+            self.waiting.remove(r)
+            r.seq_id = seq
+            if entry is not None and hit > 0 and entry.seq_id in self.pool.entries:
+                self.b.seq_cp(entry.seq_id, seq, 0, hit)
+                r.shared, r.shared_len = entry, hit
+                entry.sharers.add(r)
+                r.n_past = hit
+            else:
+                r.n_past = 0
+            if r.first_admitted_at is None:
+                r.first_admitted_at = now
+                r.cached_tokens = min(r.n_past, r.n_prompt)
+            r.admitted_at = now
+            if r.sampler is None:
+                r.sampler = self.b.new_sampler(r.sampling)
+            self.running.append(r)
+
+    def _evict_entry(self, avoid: Any) -> None:
+        for e in list(self.pool.entries.values()):
+            if e is not avoid:
+                self.pool.entries.move_to_end(e.seq_id, last=False)
+                break
+        seq = self.pool.evict_lru()
+        self.b.seq_rm(seq)
+        self.pool.give_id(seq)
+
+    def _release_seq(self, r: Request) -> None:
+        """Free a running sequence's id and cells."""
+        if r.seq_id is None:
+            return
+        self.b.seq_rm(r.seq_id)
+        self.pool.release_cells(r.n_past - r.shared_len)
+        if r.shared is not None:
+            r.shared.sharers.discard(r)
+        self.pool.give_id(r.seq_id)
+        r.seq_id, r.shared, r.shared_len, r.n_past = None, None, 0, 0
+
+    def _preempt(self, victim: Request, now: float) -> None:
+        """Free the victim's KV; it waits again with every token it has (prompt + generated) and
+        recomputes them on resume, so its stream continues where it stopped."""
+        self._release_seq(victim)
+        self.running.remove(victim)
+        victim.preemptions += 1
+        victim.admitted_at = None
+        self.waiting.append(victim)
+        self.stats.record_preemption(victim.cls)
+        log.debug("preempted request %s (%s)", victim.id, victim.cls)
+
+    # -- batching ---------------------------------------------------------------------------
+    def prefill_budget(self, n_decode: int) -> int:
+        cap = self.b.n_batch - n_decode
+        interactive = any(r.rank <= INTERACTIVE_RANK for r in self.running + self.waiting)
+        if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound and not interactive):
+            return cap
+        room = self.cfg.latency_target_s - self.cost.predict(n_decode)
+        return max(self.cfg.min_prefill_chunk, min(cap, self.cost.tokens_within(room)))
+
+    def _build_batch(self, now: float) -> list[_Item]:
+        items: list[_Item] = []
+        decoding = [r for r in self.running if r.remaining == 1]
+        for r in self.policy.decode_order(decoding):
+            items.append(_Item(r, r.n_past, 1, True))
+        budget = self.prefill_budget(len(items))
+        prefilling = self.policy.order([r for r in self.running if r.remaining > 1], now)
+        if prefilling and self.policy.cfg.mode == "hearth":
+            # An interactive prompt does not share its iteration with lower-class prefill: its
+            # first token comes as fast as if the machine were idle.
+            best = min(r.rank for r in prefilling)
+            if best <= INTERACTIVE_RANK:
+                prefilling = [r for r in prefilling if r.rank <= INTERACTIVE_RANK]
+        for r in prefilling:
+            if budget <= 0:
+                break
+            n = min(r.remaining, budget)
+            items.append(_Item(r, r.n_past, n, n == r.remaining))
+            budget -= n
+        return items
+
+    def _decode(self, items: list[_Item]) -> None:
+        tokens: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        outs: list[bool] = []
+        out_index: dict[int, int] = {}
+        prefill_tokens, best_prefill = 0, 99
+        for it in items:
+            r = it.req
+            tokens.extend(r.tokens[it.start: it.start + it.n])
+            pos.extend(range(it.start, it.start + it.n))
+            seqs.extend([r.seq_id] * it.n)  # type: ignore[list-item]
+            outs.extend([False] * (it.n - 1) + [it.output])
+            if it.output:
+                out_index[r.id] = len(tokens) - 1
+            if it.n > 1 or not it.output:
+                prefill_tokens += it.n
+                best_prefill = min(best_prefill, r.rank)
+        with self.lock:
+            self.b.clear_abort()
+            self._inflight = (best_prefill, prefill_tokens)
+        t0 = self.b.now()
+        status = self.b.decode(tokens, pos, seqs, outs)
+        t1 = self.b.now()
+        with self.lock:
+            self._inflight = None
+        self.stats.iterations += 1
+        self.last_iteration = {"tokens": len(tokens), "prefill": prefill_tokens,
+                               "seconds": t1 - t0, "status": status}
+        if status == 0:
+            self.cost.observe(len(tokens), t1 - t0)
+            self._after_decode(items, out_index, t1)
+        elif status == 1:
+            self._out_of_kv(items, t1)
+        elif status == 2:
+            self.stats.aborted_iterations += 1
+            self._after_abort(items)
+        else:
+            for it in items:
+                self._fail(it.req, f"llama_decode failed with status {status}", t1)
+
+    def _after_decode(self, items: list[_Item], out_index: dict[int, int], now: float) -> None:
+        prompt_done = generated = 0
+        for it in items:
+            r = it.req
+            if r.finished:
+                continue
+            r.n_past += it.n
+            self.pool.add_cells(it.n)
+            if not (it.n == 1 and it.output):
+                prompt_done += it.n
+                r.prefilled_tokens += it.n
+                self.policy.charge(r.user, prompt_tokens=it.n)
+            if it.output:
+                tok = self.b.sample(r.sampler, out_index[r.id])
+                generated += 1
+                self._on_token(r, tok, now)
+        self.stats.record_tokens(now, generated, prompt_done)
+
+    def _on_token(self, r: Request, tok: int, now: float) -> None:
+        r.n_generated += 1
+        self.policy.charge(r.user, output_tokens=1)
+        if r.first_token_at is None:
+            r.first_token_at = now
+        elif r.last_token_at is not None:
+            r.itl.append(now - r.last_token_at)
+        r.last_token_at = now
+        if self.b.is_eog(tok) and not r.ignore_eos:
+            self._finish(r, "stop", now)
+            return
+        r.tokens.append(tok)
+        text, stopped = r.stopper.feed(r.decoder.feed(self.b.piece(tok)))  # type: ignore[union-attr]
+        self._emit(r, Event("token", text=text, token_ids=[tok]))
+        if stopped:
+            self._finish(r, "stop", now, flush=False)
+        elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
+            self._finish(r, "length", now)
+
+    def _after_abort(self, items: list[_Item]) -> None:
+        """Keep the micro-batches llama.cpp finished; redo what needed logits."""
+        for it in items:
+            r = it.req
+            done = self.b.seq_pos_max(r.seq_id) + 1  # type: ignore[arg-type]
+            keep = min(done, it.start + it.n - (1 if it.output else 0))
+            keep = max(keep, it.start)
+            if done > keep:
+                self.b.seq_rm(r.seq_id, keep, -1)  # type: ignore[arg-type]
+            gained = keep - it.start
+            if gained:
+                r.n_past = keep
+                r.prefilled_tokens += gained
+                self.pool.add_cells(gained)
+                self.policy.charge(r.user, prompt_tokens=gained)
+
+    def _out_of_kv(self, items: list[_Item], now: float) -> None:
+        """llama_decode found no KV slot: give up cached prefixes, then the lowest-class,
+        newest running sequence. Nothing of this batch was kept by llama.cpp."""
+        if self.pool.entries:
+            while self.pool.entries:
+                self._evict_entry(avoid=None)
+            return
+        victim = self.policy.memory_victim(self.running)
+        if victim is not None and len(self.running) > 1:
+            self._preempt(victim, now)
+            return
+        newest = max(self.running, key=lambda r: r.arrival)
+        self._fail(newest, "the KV cache is exhausted", now, status=503)
+
+    # -- retiring ---------------------------------------------------------------------------
+    def _finish(self, r: Request, reason: str, now: float, flush: bool = True) -> None:
+        if r.finished:
+            return
+        r.finished = True
+        r.finish_reason = reason
+        r.finished_at = now
+        if flush and reason != "cancelled" and r.decoder is not None:
+            tail = r.decoder.flush()
+            text, _ = r.stopper.feed(tail) if r.stopper else (tail, False)
+            text += r.stopper.flush() if r.stopper else ""
+            if text:
+                self._emit(r, Event("token", text=text))
+        self._retire(r)
+        self.stats.record_finished(r, now)
+        self._emit(r, Event("done", finish_reason=reason, usage=r.usage(), timing=r.timing()))
+
+    def _fail(self, r: Request, message: str, now: float, status: int = 500) -> None:
+        if r.finished:
+            return
+        r.finished = True
+        r.finish_reason = "error"
+        r.finished_at = now
+        self._retire(r)
+        self.stats.record_finished(r, now)
+        self._emit(r, Event("error", message=message, status=status))
+
+    def _retire(self, r: Request) -> None:
+        if r in self.waiting:
+            self.waiting.remove(r)
+        if r in self.embed_waiting:
+            self.embed_waiting.remove(r)
+        if r in self.running:
+            self.running.remove(r)
+            if (self.cfg.prefix_cache and r.seq_id is not None and r.n_past > 0
+                    and not r.cancelled):
+                self._keep_as_prefix(r)
+            else:
+                self._release_seq(r)
+        if r.sampler is not None:
+            self.b.free_sampler(r.sampler)
+            r.sampler = None
+        self.policy.user_left(r.user)
+
+    def _keep_as_prefix(self, r: Request) -> None:
+        own = r.n_past - r.shared_len
+        self.pool.release_cells(own)
+        shared = r.shared if r.shared is not None and r.shared.seq_id in self.pool.entries else None
+        if r.shared is not None:
+            r.shared.sharers.discard(r)
+        for seq in self.pool.insert(r.seq_id, r.tokens[: r.n_past], own, shared):  # type: ignore[arg-type]
+            self.b.seq_rm(seq)
+            self.pool.give_id(seq)
+        r.seq_id, r.shared, r.shared_len = None, None, 0
+
+    # -- embeddings -------------------------------------------------------------------------
+    def _should_embed(self, items: list[_Item], now: float) -> bool:
+        if not self.embed_waiting:
+            return False
+        if not items and not self.waiting:
+            return True
+        head = self.policy.order(self.embed_waiting, now)[0]
+        rank = self.policy.effective_rank(head, now)
+        others = [r.rank for r in self.waiting] + [it.req.rank for it in items if it.n > 1]
+        return not others or rank <= min(others) or self.policy.cfg.mode != "hearth"
+
+    def _run_embeddings(self, now: float) -> None:
+        tok_limit, n_limit = self.b.embed_limits()
+        budget = max(tok_limit if self.policy.cfg.mode == "serial" else
+                     min(tok_limit, self.prefill_budget(0)), 1)
+        head = self.policy.order(self.embed_waiting, now)[0]
+        if head.first_admitted_at is None:
+            head.first_admitted_at = now
+            head.admitted_at = now
+        done = head.meta.setdefault("_embedded", [])
+        inputs: list[list[int]] = head.prompt  # type: ignore[assignment]
+        chunk: list[list[int]] = []
+        used = 0
+        while len(done) + len(chunk) < len(inputs) and len(chunk) < n_limit:
+            nxt = inputs[len(done) + len(chunk)]
+            if chunk and used + len(nxt) > budget:
+                break
+            chunk.append(nxt)
+            used += len(nxt)
+        t0 = self.b.now()
+        try:
+            vectors = self.b.embed(chunk)
+        except Exception as e:  # surfaced to the caller, the engine keeps serving
+            self._fail(head, f"embedding failed: {e}", self.b.now())
+            return
+        t1 = self.b.now()
+        self.cost.observe(used, t1 - t0)
+        done.extend(vectors)
+        self.policy.charge(head.user, prompt_tokens=used)
+        self.stats.record_tokens(t1, 0, used)
+        if len(done) == len(inputs):
+            head.first_token_at = t1
+            head.finished = True
+            head.finish_reason = "stop"
+            head.finished_at = t1
+            self.embed_waiting.remove(head)
+            self.policy.user_left(head.user)
+            self.stats.record_finished(head, t1)
+            self._emit(head, Event("done", finish_reason="stop", embedding=done,
+                                   usage=head.usage(), timing=head.timing()))
+
+    # -- introspection ----------------------------------------------------------------------
+    def queue_state(self) -> dict[str, Any]:
+        """Counts for /v1/queue (call under ``lock`` from other threads)."""
+        from .scheduler import CLASS_RANKS
+
+        waiting = dict.fromkeys(CLASS_RANKS, 0)
+        running = dict.fromkeys(CLASS_RANKS, 0)
+        # Copies: the engine thread mutates these lists without the lock.
+        for r in list(self.waiting) + list(self.embed_waiting):
+            waiting[r.cls] += 1
+        for _, x in list(self._inbox):
+            if isinstance(x, Request):
+                waiting[x.cls] += 1
+        for r in list(self.running):
+            running[r.cls] += 1
+        return {
+            "waiting": waiting,
+            "running": running,
+            "kv": {"cells": self.pool.n_ctx, "used": self.pool.used_cells,
+                   "used_by_running": self.pool.running_cells,
+                   "used_by_prefix_cache": self.pool.cached_cells,
+                   "use": round(self.pool.used_cells / self.pool.n_ctx, 4)},
+            "prefix_cache": self.pool.stats(),
+            "cost_model": {"base_ms": round(self.cost.base * 1000, 3),
+                           "per_token_ms": round(self.cost.per_token * 1000, 4)},
+            "vtc": dict(self.policy.vtc),
+        }
+
+
+class Engine:
+    """Runs an :class:`EngineCore` in its own thread."""
+
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        core = self.core
+        try:
+            while not self._stop.is_set():
+                if not core.has_work():
+                    core.wakeup.wait(0.5)
+                    core.wakeup.clear()
+                    continue
+                if not core.step():
+                    core.wakeup.wait(0.01)
+                    core.wakeup.clear()
+        except BaseException as e:  # pragma: no cover - reported through /health
+            self.error = e
+            log.exception("engine thread died")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.core.wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def submit(self, r: Request) -> Request:
+        return self.core.submit(r)
+
+    def cancel(self, request_id: int) -> None:
+        self.core.cancel(request_id)
+
+
+class AsyncStream:
+    """Bridges engine events to asyncio: the engine thread never blocks on a consumer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.loop = loop or asyncio.get_running_loop()
+        self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
+
+    def __call__(self, events: list[Event]) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, events)
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            for ev in await self.queue.get():
+                yield ev
+                if ev.kind in ("done", "error"):
+                    return
+
+
+def monotonic() -> float:
+    return time.monotonic()

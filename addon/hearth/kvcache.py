@@ -1,0 +1,159 @@
+"""Sequence ids, KV-cell accounting and the prefix cache. Pure bookkeeping: the engine performs
+the llama.cpp memory calls this module asks for.
+
+The KV cache is one unified pool of ``n_ctx`` cells shared by ``n_seq_max`` sequence ids. Running
+sequences hold ids; finished sequences may keep theirs as *cached prefixes* (LRU), which a new
+request can share with ``llama_memory_seq_cp`` (cells are shared, not duplicated). Cached
+prefixes are the first thing given up under pressure.
+
+Cell accounting is conservative: a sequence that shares a prefix counts only the cells it added;
+when the entry it shares is evicted, its shared cells become its own (they stay allocated).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class PrefixEntry:
+    seq_id: int
+    tokens: list[int]
+    own: int  # cells this entry alone keeps alive
+    shared: PrefixEntry | None = None  # the entry its first cells are shared with
+    sharers: set = field(default_factory=set)  # objects (requests/entries) sharing our cells
+    hits: int = 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
+        return 0
+    # Exponential probe then binary search: slices compare in C, far faster than a Python loop.
+    lo, step = 0, 64
+    while lo < n:
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    hi = min(n, lo + step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo if a[lo] != b[lo] else lo + 1
+
+
+class KVPool:
+    def __init__(self, n_ctx: int, n_seq_max: int, max_entries: int, enabled: bool = True):
+        self.n_ctx = n_ctx
+        self.free_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
+        self.entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # LRU order
+        self.max_entries = max_entries if enabled else 0
+        self.running_cells = 0  # cells owned by running sequences
+        self.hits = 0
+        self.lookups = 0
+        self.hit_tokens = 0
+        self.lookup_tokens = 0
+        self.evictions = 0
+
+    # -- accounting ------------------------------------------------------------------------
+    @property
+    def cached_cells(self) -> int:
+        return sum(e.own for e in self.entries.values())
+
+    @property
+    def used_cells(self) -> int:
+        return self.running_cells + self.cached_cells
+
+    @property
+    def free_cells(self) -> int:
+        return self.n_ctx - self.used_cells
+
+    def add_cells(self, n: int) -> None:
+        self.running_cells += n
+
+    def release_cells(self, n: int) -> None:
+        self.running_cells = max(0, self.running_cells - n)
+
+    # -- sequence ids ----------------------------------------------------------------------
+    def take_id(self) -> int | None:
+        return self.free_ids.pop() if self.free_ids else None
+
+    def give_id(self, seq_id: int) -> None:
+        self.free_ids.append(seq_id)
+
+    # -- the prefix cache ------------------------------------------------------------------
+    def lookup(self, tokens: list[int]) -> tuple[PrefixEntry | None, int]:
+        """The entry sharing the longest prefix with ``tokens``. At least one token is left to
+        compute, since the last prompt token's logits are needed."""
+        self.lookups += 1
+        self.lookup_tokens += len(tokens)
+        best, best_n = None, 0
+        for e in self.entries.values():
+            n = common_prefix(e.tokens, tokens)
+            if n > best_n:
+                best, best_n = e, n
+        best_n = min(best_n, len(tokens) - 1)
+        if best is None or best_n <= 0:
+            return None, 0
+        self.entries.move_to_end(best.seq_id)
+        best.hits += 1
+        self.hits += 1
+        self.hit_tokens += best_n
+        return best, best_n
+
+    def insert(self, seq_id: int, tokens: list[int], own: int,
+               shared: PrefixEntry | None) -> list[int]:
+        """Keep a finished sequence's cells as a cached prefix. Returns seq ids the caller must
+        clear (``seq_rm``) and give back: entries this one supersedes, and LRU overflow."""
+        drop: list[int] = []
+        if self.max_entries == 0:
+            return [seq_id]
+        entry = PrefixEntry(seq_id=seq_id, tokens=tokens, own=own, shared=shared)
+        if shared is not None:
+            shared.sharers.add(entry)
+        for e in list(self.entries.values()):
+            # An older entry that is a prefix of this one serves no lookup this one cannot.
+            if len(e.tokens) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e.tokens):
+                drop.append(self._remove(e))
+        self.entries[seq_id] = entry
+        while len(self.entries) > self.max_entries:
+            drop.append(self.evict_lru())
+        return drop
+
+    def evict_lru(self) -> int:
+        """Give up the least recently used entry; returns its seq id (caller clears it)."""
+        e = next(iter(self.entries.values()))
+        self.evictions += 1
+        return self._remove(e)
+
+    def _remove(self, e: PrefixEntry) -> int:
+        del self.entries[e.seq_id]
+        # Cells shared with e stay allocated for its sharers, which own them from now on.
+        for s in list(e.sharers):
+            if isinstance(s, PrefixEntry):
+                s.own = len(s.tokens)
+                s.shared = None
+            else:
+                self.running_cells += s.shared_len
+                s.shared = None
+                s.shared_len = 0
+        e.sharers.clear()
+        if e.shared is not None:
+            e.shared.sharers.discard(e)
+        return e.seq_id
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "entries": len(self.entries),
+            "hit_rate": self.hits / self.lookups if self.lookups else 0.0,
+            "token_hit_rate": self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0,
+            "evictions": self.evictions,
+            "cached_cells": self.cached_cells,
+        }

@@ -1,0 +1,328 @@
+"""The one thin adapter over llama-cpp-python's low-level ctypes bindings.
+
+Nothing else in Hearth imports ``llama_cpp``. Everything here is owned by the engine thread,
+except :meth:`Context.request_abort`, which any thread may call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+
+from .requests import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_init_lock = threading.Lock()
+_initialised = False
+_log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
+
+
+def init_backend(verbose: bool = False) -> None:
+    """Initialise llama.cpp once; silence its native log unless ``verbose``."""
+    global _initialised, _log_callback
+    with _init_lock:
+        if _initialised:
+            return
+        if verbose:
+            def forward(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
+                log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+        else:
+            def forward(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
+                return None
+        _log_callback = L.llama_log_callback(forward)
+        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _initialised = True
+
+
+class LlamaError(RuntimeError):
+    pass
+
+
+def _gguf_meta(model: ctypes.c_void_p, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, ctypes.sizeof(buf))
+    if n < 0:
+        return None
+    if n >= ctypes.sizeof(buf):  # long chat templates
+        buf = ctypes.create_string_buffer(n + 1)
+        L.llama_model_meta_val_str(model, key.encode(), buf, ctypes.sizeof(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
+class Model:
+    """A loaded GGUF: weights, vocabulary, metadata."""
+
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, use_mmap: bool = True):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise LlamaError(f"model file not found: {self.path}")
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 2**31 - 1 if n_gpu_layers < 0 else n_gpu_layers
+        params.load_mode = L.LLAMA_LOAD_MODE_MMAP if use_mmap else L.LLAMA_LOAD_MODE_NONE
+        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise LlamaError(f"llama.cpp could not load {self.path}")
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
+        self.n_embd = L.llama_model_n_embd(self.ptr)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+        desc = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.ptr, desc, ctypes.sizeof(desc))
+        self.description = desc.value.decode("utf-8", "replace")
+
+    @property
+    def name(self) -> str:
+        return _gguf_meta(self.ptr, "general.name") or self.path.stem
+
+    def chat_template(self) -> str | None:
+        tmpl = L.llama_model_chat_template(self.ptr, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
+    def meta(self, key: str) -> str | None:
+        return _gguf_meta(self.ptr, key)
+
+    def token_text(self, token: int) -> str:
+        return (L.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
+
+    def special_tokens(self) -> dict[str, str]:
+        out = {}
+        for name, fn in (("bos_token", L.llama_vocab_bos), ("eos_token", L.llama_vocab_eos)):
+            tok = fn(self.vocab)
+            if tok >= 0:
+                out[name] = self.token_text(tok)
+        return out
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special,
+                                 parse_special)
+        if n < 0:
+            raise LlamaError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens rendered empty). Cached: pieces never change."""
+        got = self._pieces.get(token)
+        if got is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            got = buf.raw[:n]
+            self._pieces[token] = got
+        return got
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass
+class ContextParams:
+    n_ctx: int = 16384
+    n_seq_max: int = 8
+    n_batch: int = 512
+    n_ubatch: int = 128
+    n_threads: int = 0
+    flash_attn: str = "auto"  # auto | on | off
+    embeddings: bool = False
+    kv_unified: bool = True
+
+
+# libc's atoi reads a NUL-terminated digit string without touching Python: used as the abort
+# callback it reads our one-byte flag ("0"/"1") at every graph node with no GIL round-trip.
+_atoi_addr = ctypes.cast(ctypes.CDLL(None).atoi, ctypes.c_void_p).value
+_ABORT_CB = L.ggml_abort_callback(_atoi_addr)
+
+
+class Context:
+    """A llama.cpp context: the KV cache (a unified pool over ``n_seq_max`` sequences), one
+    reusable batch, and per-sequence samplers."""
+
+    def __init__(self, model: Model, p: ContextParams):
+        self.model = model
+        cp = L.llama_context_default_params()
+        cp.n_ctx = p.n_ctx
+        cp.n_batch = p.n_batch
+        cp.n_ubatch = min(p.n_ubatch, p.n_batch)
+        cp.n_seq_max = p.n_seq_max
+        threads = p.n_threads or os.cpu_count() or 1
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                              "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[p.flash_attn]
+        cp.kv_unified = p.kv_unified
+        cp.embeddings = p.embeddings
+        cp.no_perf = True
+        if p.embeddings:
+            cp.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
+        self._abort_flag = ctypes.create_string_buffer(b"0", 2)
+        cp.abort_callback = _ABORT_CB
+        cp.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
+        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise LlamaError("llama.cpp could not create a context (too large n_ctx?)")
+        self.mem = L.llama_get_memory(self.ptr)
+        self.n_ctx = L.llama_n_ctx(self.ptr)
+        self.n_batch = L.llama_n_batch(self.ptr)
+        self.n_ubatch = L.llama_n_ubatch(self.ptr)
+        self.n_seq_max = L.llama_n_seq_max(self.ptr)
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.embeddings = p.embeddings
+
+    # -- batches -----------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], pos: Sequence[int], seqs: Sequence[int],
+               outputs: Sequence[bool]) -> int:
+        """One ``llama_decode`` over the given tokens. Returns llama.cpp's status: 0 ok,
+        1 no KV slot, 2 aborted (finished ubatches stay in the KV cache)."""
+        n = len(tokens)
+        if n == 0:
+            return 0
+        if n > self.n_batch:
+            raise LlamaError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
+        b = self._batch
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = pos[i]
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seqs[i]
+            b.logits[i] = outputs[i]
+        b.n_tokens = n
+        return L.llama_decode(self.ptr, b)
+
+    def request_abort(self) -> None:
+        """Any thread: make a running ``decode`` stop at the next graph node."""
+        self._abort_flag[0] = b"1"
+
+    def clear_abort(self) -> None:
+        self._abort_flag[0] = b"0"
+
+    @property
+    def abort_requested(self) -> bool:
+        return self._abort_flag[0] == b"1"
+
+    # -- memory ------------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(L.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_max(self.mem, seq)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    # -- outputs -----------------------------------------------------------------------------
+    def logits(self, i: int) -> ctypes.Array:
+        return L.llama_get_logits_ith(self.ptr, i)
+
+    def sequence_embedding(self, seq: int) -> list[float]:
+        ptr = L.llama_get_embeddings_seq(self.ptr, seq)
+        if not ptr:
+            raise LlamaError("no pooled embedding for sequence")
+        return ptr[: self.model.n_embd]
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_batch_free(self._batch)
+            L.llama_free(self.ptr)
+            self.ptr = None
+
+
+class Sampler:
+    """One llama.cpp sampler chain (a sequence's own RNG, penalties and grammar state)."""
+
+    def __init__(self, model: Model, p: SamplingParams):
+        cparams = L.llama_sampler_chain_default_params()
+        cparams.no_perf = True
+        self.ptr = L.llama_sampler_chain_init(cparams)
+        add = lambda s: L.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
+        if p.grammar:
+            g = L.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+            if not g:
+                L.llama_sampler_free(self.ptr)
+                raise LlamaError("invalid grammar")
+            add(g)
+        if p.repeat_penalty != 1.0:
+            add(L.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
+                                               0.0, 0.0))
+        if p.temperature <= 0:
+            add(L.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(L.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                add(L.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0:
+                add(L.llama_sampler_init_min_p(p.min_p, 1))
+            add(L.llama_sampler_init_temp(p.temperature))
+            seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
+            add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: Context, i: int) -> int:
+        """Sample from output row ``i`` of the last decode; the chain accepts the token."""
+        return L.llama_sampler_sample(self.ptr, ctx.ptr, i)
+
+    def accept(self, token: int) -> None:
+        """Feed a token the chain did not sample itself (resumed or forced history)."""
+        L.llama_sampler_accept(self.ptr, token)
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+    __del__ = close
+
+
+class Utf8Decoder:
+    """Incremental detokenizer: joins token bytes and releases only complete UTF-8 text, holding
+    back a partial multi-byte character until its remaining bytes arrive."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> str:
+        buf = self._pending + data
+        cut = len(buf)
+        # Walk back over at most 3 continuation bytes to find an unfinished lead byte.
+        for back in range(1, min(4, len(buf)) + 1):
+            b = buf[-back]
+            if b & 0xC0 == 0x80:
+                continue
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 \
+                else 1
+            if need > back:
+                cut = len(buf) - back
+            break
+        self._pending = buf[cut:]
+        return buf[:cut].decode("utf-8", "replace")
+
+    def flush(self) -> str:
+        out, self._pending = self._pending.decode("utf-8", "replace"), b""
+        return out

@@ -1,0 +1,136 @@
+"""Chat prompts from the model's own Jinja chat template (read from the GGUF).
+
+Fallbacks: ChatML when the GGUF carries no template (Gemma 3 270M's GGUF has none), and a
+tools-in-the-system-prompt format when the template ignores ``tools`` (SmolLM2's does): the tools
+are listed as JSON in the system message and the model is asked to answer with
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` — the Hermes/Qwen format, which
+:mod:`hearth.tools` parses.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+TOOLS_SYSTEM_PROMPT = (
+    "You can call functions. The available functions, as JSON schemas:\n"
+    "<tools>\n{tools}\n</tools>\n"
+    "To call a function, answer with only this, once per call:\n"
+    '<tool_call>{{"name": <function name>, "arguments": <arguments as a JSON object>}}'
+    "</tool_call>"
+)
+
+
+class PromptError(ValueError):
+    pass
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def content_text(content: Any) -> str:
+    """OpenAI message content: a string, or a list of parts of which the text parts count."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
+                out.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                out.append(part)
+            else:
+                raise PromptError("only text content parts are supported")
+        return "".join(out)
+    raise PromptError("message content must be a string or a list of text parts")
+
+
+class ChatFormatter:
+    def __init__(self, template: str | None, bos_token: str = "", eos_token: str = ""):
+        self.source = template or CHATML
+        self.is_fallback = template is None
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters.setdefault("tojson", lambda v, **kw: json.dumps(v, ensure_ascii=False, **kw))
+        try:
+            self.template = env.from_string(self.source)
+        except TemplateError as e:  # a broken template in a GGUF: ChatML still works
+            self.template = env.from_string(CHATML)
+            self.source, self.is_fallback = CHATML, True
+            self.error = str(e)
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        # A template that never mentions tools would silently drop them.
+        self.native_tools = "tools" in self.source
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+               add_generation_prompt: bool = True) -> str:
+        msgs = [self._message(m) for m in messages]
+        if tools and not self.native_tools:
+            msgs = self._tools_in_system(msgs, tools)
+        kwargs: dict[str, Any] = {}
+        if tools and self.native_tools:
+            kwargs["tools"] = tools
+        try:
+            return self.template.render(
+                messages=msgs, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
+        except TemplateError as e:
+            raise PromptError(f"the chat template rejected these messages: {e}") from e
+
+    def _message(self, m: dict[str, Any]) -> dict[str, Any]:
+        role = m.get("role")
+        out: dict[str, Any] = {"role": role, "content": content_text(m.get("content"))}
+        calls = m.get("tool_calls")
+        if role == "assistant" and calls:
+            if self.native_tools:
+                out["tool_calls"] = calls
+            else:
+                out["content"] += "".join(
+                    "<tool_call>" + json.dumps({
+                        "name": c["function"]["name"],
+                        "arguments": _json_args(c["function"].get("arguments"))}) + "</tool_call>"
+                    for c in calls)
+        if role == "tool":
+            if not self.native_tools:
+                out = {"role": "user",
+                       "content": f"<tool_response>{out['content']}</tool_response>"}
+            elif "tool_call_id" in m:
+                out["tool_call_id"] = m["tool_call_id"]
+        if "name" in m and role != "tool":
+            out["name"] = m["name"]
+        return out
+
+    @staticmethod
+    def _tools_in_system(msgs: list[dict[str, Any]], tools: list[dict]) -> list[dict]:
+        listing = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+        text = TOOLS_SYSTEM_PROMPT.format(tools=listing)
+        if msgs and msgs[0]["role"] == "system":
+            first = dict(msgs[0])
+            first["content"] = f"{first['content']}\n\n{text}"
+            return [first, *msgs[1:]]
+        return [{"role": "system", "content": text}, *msgs]
+
+
+def _json_args(args: Any) -> Any:
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args

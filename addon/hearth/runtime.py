@@ -1,0 +1,100 @@
+"""The loaded service: model, engine and chat formatter, built from the settings. The HTTP layer
+talks to this; nothing here knows about HTTP."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from .engine import Engine, EngineConfig, EngineCore
+from .models import resolve
+from .prompts import ChatFormatter
+from .scheduler import PolicyConfig
+from .settings import Settings
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.state = "loading"  # loading | ready | failed
+        self.error: str | None = None
+        self.model: Any = None
+        self.backend: Any = None
+        self.engine: Engine | None = None
+        self.core: EngineCore | None = None
+        self.formatter: ChatFormatter | None = None
+        self.model_id = "hearth"
+        self.model_path: Path | None = None
+        self._thread: threading.Thread | None = None
+
+    def start_loading(self) -> None:
+        self._thread = threading.Thread(target=self._load_safely, name="hearth-load",
+                                        daemon=True)
+        self._thread.start()
+
+    def _load_safely(self) -> None:
+        try:
+            self.load()
+        except Exception as e:
+            self.state = "failed"
+            self.error = str(e)
+            log.error("loading the model failed: %s", e)
+
+    def load(self) -> None:
+        # Imported here: llama.cpp is loaded only by a process that serves a model.
+        from .backend import LlamaBackend
+        from .llama_adapter import ContextParams, Model, init_backend
+
+        s = self.settings
+        init_backend(verbose=s.verbose)
+        path = resolve(s.model, s.models_dir)
+        self.model_path = path
+        log.info("loading %s", path)
+        model = Model(path, n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
+        embed_model = None
+        if s.embedding_model:
+            embed_model = Model(resolve(s.embedding_model, s.models_dir),
+                                n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
+        entries = s.prefix_cache_entries if s.prefix_cache else 0
+        params = ContextParams(
+            n_ctx=s.n_ctx, n_seq_max=s.n_parallel + entries, n_batch=s.n_batch,
+            n_ubatch=s.n_ubatch, n_threads=s.n_threads or (os.cpu_count() or 1),
+            flash_attn=s.flash_attn)
+        backend = LlamaBackend(model, params, embed_model=embed_model,
+                               embed_batch=min(2048, s.n_batch * 4))
+        core = EngineCore(
+            backend,
+            PolicyConfig(mode=s.policy, n_parallel=s.n_parallel, aging_seconds=s.aging_seconds(),
+                         caps=s.caps()),
+            EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
+                         relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
+                         prefix_cache_entries=entries, max_queue=s.max_queue),
+            Stats())
+        core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
+        specials = model.special_tokens()
+        self.formatter = ChatFormatter(model.chat_template(), specials.get("bos_token", ""),
+                                       specials.get("eos_token", ""))
+        self.model, self.backend, self.core = model, backend, core
+        self.model_id = path.stem
+        self.engine = Engine(core)
+        self.engine.start()
+        self.state = "ready"
+        log.info("model %s ready (%s, n_ctx=%d, n_parallel=%d, policy=%s)", self.model_id,
+                 model.description, backend.n_ctx, s.n_parallel, s.policy)
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        bos = self.formatter.bos_token if self.formatter else ""
+        add_special = not (bos and text.startswith(bos))
+        return self.model.tokenize(text, add_special=add_special, parse_special=True)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        if self.backend is not None:
+            self.backend.close()

@@ -1,0 +1,172 @@
+"""The scheduling policy: who is admitted, in what order prefill runs, who is preempted.
+
+Plain Python, no llama.cpp: the engine asks, the policy answers. Three modes:
+
+- ``hearth``: class rank (after aging), then the user's virtual token counter (VTC), then arrival;
+  per-class caps while higher classes wait; higher classes may preempt lower ones (never voice).
+- ``fifo``: arrival order, classes ignored, the same continuous batching; no priority preemption.
+- ``serial``: arrival order, one sequence at a time (what a naive server does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+CLASS_RANKS: dict[str, int] = {"voice": 0, "chat": 1, "agent": 2, "background": 3, "embedding": 4}
+RANK_NAMES = {v: k for k, v in CLASS_RANKS.items()}
+CHAT_RANK = CLASS_RANKS["chat"]
+VOICE_RANK = CLASS_RANKS["voice"]
+INTERACTIVE_RANK = CHAT_RANK  # voice and chat: someone is waiting for the answer
+
+# VTC weights (Sheng et al., "Fairness in Serving Large Language Models"): output tokens cost
+# about twice what prompt tokens cost to serve.
+PROMPT_WEIGHT = 1.0
+OUTPUT_WEIGHT = 2.0
+
+MODES = ("hearth", "fifo", "serial")
+
+
+def class_rank(name_or_rank: str | int) -> int:
+    """A class name or an integer rank → rank. Raises ValueError for unknown values."""
+    if isinstance(name_or_rank, bool):
+        raise ValueError(f"unknown class {name_or_rank!r}")
+    if isinstance(name_or_rank, int):
+        if name_or_rank in RANK_NAMES:
+            return name_or_rank
+        raise ValueError(f"priority must be 0..{max(RANK_NAMES)}, got {name_or_rank}")
+    key = str(name_or_rank).strip().lower()
+    if key in CLASS_RANKS:
+        return CLASS_RANKS[key]
+    if key.isdigit():
+        return class_rank(int(key))
+    raise ValueError(f"unknown class {name_or_rank!r}; expected one of {', '.join(CLASS_RANKS)}")
+
+
+class Schedulable(Protocol):
+    """What the policy needs to know about a request."""
+
+    id: int
+    rank: int  # the class rank it was submitted with
+    user: str
+    arrival: float
+    admitted_at: float | None  # when it last became running (newest-first preemption)
+
+
+@dataclass
+class PolicyConfig:
+    mode: str = "hearth"
+    n_parallel: int = 8
+    aging_seconds: dict[str, float] = field(default_factory=lambda: {
+        "agent": 30.0, "background": 20.0, "embedding": 30.0})
+    caps: dict[str, float] = field(default_factory=lambda: {"background": 0.5, "embedding": 0.25})
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"policy must be one of {MODES}, got {self.mode!r}")
+
+
+class Policy:
+    def __init__(self, cfg: PolicyConfig):
+        self.cfg = cfg
+        self.vtc: dict[str, float] = {}
+        self._active: dict[str, int] = {}  # user -> requests waiting or running
+
+    # -- fairness bookkeeping ---------------------------------------------------------------
+    @property
+    def max_running(self) -> int:
+        return 1 if self.cfg.mode == "serial" else self.cfg.n_parallel
+
+    def user_arrived(self, user: str) -> None:
+        """A request of ``user`` entered the system. A user returning from idleness has its
+        counter lifted to the active minimum, so idleness earns no credit to burst with."""
+        if self._active.get(user, 0) == 0:
+            active = [self.vtc[u] for u, n in self._active.items() if n > 0 and u in self.vtc]
+            floor = min(active) if active else 0.0
+            self.vtc[user] = max(self.vtc.get(user, floor), floor)
+        self._active[user] = self._active.get(user, 0) + 1
+
+    def user_left(self, user: str) -> None:
+        n = self._active.get(user, 0) - 1
+        if n <= 0:
+            self._active.pop(user, None)
+        else:
+            self._active[user] = n
+
+    def charge(self, user: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Service received; prefix-cache hits are never passed here."""
+        self.vtc[user] = (self.vtc.get(user, 0.0) + PROMPT_WEIGHT * prompt_tokens
+                          + OUTPUT_WEIGHT * output_tokens)
+
+    # -- ordering ---------------------------------------------------------------------------
+    def effective_rank(self, r: Schedulable, now: float) -> int:
+        """Class rank after aging: one rank up per ``aging_seconds`` waited, never above chat."""
+        if self.cfg.mode != "hearth" or r.rank <= CHAT_RANK:
+            return r.rank
+        period = self.cfg.aging_seconds.get(RANK_NAMES[r.rank])
+        if not period:
+            return r.rank
+        steps = math.floor(max(0.0, now - r.arrival) / period)
+        return max(CHAT_RANK, r.rank - steps)
+
+    def key(self, r: Schedulable, now: float) -> tuple:
+        if self.cfg.mode == "hearth":
+            return (self.effective_rank(r, now), self.vtc.get(r.user, 0.0), r.arrival, r.id)
+        return (r.arrival, r.id)
+
+    def order(self, reqs: Iterable[Schedulable], now: float) -> list[Schedulable]:
+        """Admission order of waiting requests, and prefill order of admitted ones."""
+        return sorted(reqs, key=lambda r: self.key(r, now))
+
+    def decode_order(self, running: Iterable[Schedulable]) -> list[Schedulable]:
+        """Decode tokens go first in the batch, highest class first (they land in the first
+        micro-batch, so a cut decode loses the least)."""
+        if self.cfg.mode == "hearth":
+            return sorted(running, key=lambda r: (r.rank, r.arrival, r.id))
+        return sorted(running, key=lambda r: (r.arrival, r.id))
+
+    # -- admission --------------------------------------------------------------------------
+    def may_admit(self, r: Schedulable, running: Sequence[Schedulable],
+                  waiting: Sequence[Schedulable], now: float) -> bool:
+        """Caps: a capped class holds at most its share of the running slots while a request of
+        a higher class waits."""
+        if len(running) >= self.max_running:
+            return False
+        if self.cfg.mode != "hearth":
+            return True
+        cap = self.cfg.caps.get(RANK_NAMES[r.rank])
+        if cap is None:
+            return True
+        higher_waits = any(
+            w is not r and self.effective_rank(w, now) < self.effective_rank(r, now)
+            for w in waiting)
+        if not higher_waits:
+            return True
+        same = sum(1 for x in running if x.rank == r.rank)
+        return same < max(1, math.floor(cap * self.cfg.n_parallel))
+
+    def priority_victim(self, r: Schedulable, running: Sequence[Schedulable],
+                        now: float) -> Schedulable | None:
+        """A running request ``r`` may displace for a slot or KV room: the lowest class, newest
+        one of a strictly lower class than ``r``. Voice is never displaced; only hearth mode
+        displaces for priority at all."""
+        if self.cfg.mode != "hearth":
+            return None
+        mine = self.effective_rank(r, now)
+        cands = [x for x in running if x.rank != VOICE_RANK and x.rank > mine]
+        return self._lowest_newest(cands)
+
+    def memory_victim(self, running: Sequence[Schedulable]) -> Schedulable | None:
+        """When the KV pool is exhausted with no request to blame: lowest class, newest; never
+        voice in hearth mode. In fifo/serial the newest arrival goes."""
+        if self.cfg.mode == "hearth":
+            return self._lowest_newest([x for x in running if x.rank != VOICE_RANK])
+        return max(running, key=lambda x: (x.arrival, x.id), default=None)
+
+    @staticmethod
+    def _lowest_newest(cands: Sequence[Schedulable]) -> Schedulable | None:
+        if not cands:
+            return None
+        return max(cands, key=lambda x: (x.rank, x.admitted_at or x.arrival, x.id))
