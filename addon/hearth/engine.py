@@ -257,7 +257,7 @@ class EngineCore:
     def _admit(self, now: float) -> None:
         if not self.waiting:
             return
-        for r in self.policy.order(list(self.waiting), now):
+        for r in self.policy.order(list(self.waiting), now, self.running):
             if not self.policy.may_admit(r, self.running, self.waiting, now):
                 if len(self.running) < self.policy.max_running:
                     continue  # held back by its class cap; others may still go
@@ -360,6 +360,11 @@ class EngineCore:
             best = min(r.rank for r in prefilling)
             if best <= INTERACTIVE_RANK:
                 prefilling = [r for r in prefilling if r.rank <= INTERACTIVE_RANK]
+            if best == VOICE_RANK:
+                # Voice prompts are short; chunking one only delays its own first token, and the
+                # wait it imposes on a later arrival is one voice prompt, of the same class.
+                prefilling = [r for r in prefilling if r.rank == VOICE_RANK]
+                budget = self.b.n_batch - len(items)
         for r in prefilling:
             if budget <= 0:
                 break

@@ -103,7 +103,8 @@ class Model:
                 out[name] = self.token_text(tok)
         return out
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (L.llama_token * cap)()

@@ -35,7 +35,8 @@ def packaged_model(package: str = DEFAULT_PACKAGE, filename: str = DEFAULT_FILE)
 
 
 def resolve(model: str, models_dir: str | Path, download: bool = True) -> Path:
-    """Where ``model`` lives on disk. Names under the models folder may not escape it."""
+    """Where ``model`` lives on disk: an absolute path, or a name under the models folder
+    (which it may not escape)."""
     if not model:
         return packaged_model()
     if model.startswith(("https://", "http://")):
@@ -49,13 +50,11 @@ def resolve(model: str, models_dir: str | Path, download: bool = True) -> Path:
         raise ModelNotFound(f"model file not found: {p}")
     base = Path(models_dir).resolve()
     candidate = (base / p).resolve()
-    if candidate.is_relative_to(base) and candidate.is_file():
-        return candidate
-    if p.is_file():  # a relative path from the working directory
-        return p.resolve()
     if not candidate.is_relative_to(base):
         raise ModelNotFound(f"model name {model!r} escapes the models folder")
-    raise ModelNotFound(f"model {model!r} not found as a path or under {base}")
+    if candidate.is_file():
+        return candidate
+    raise ModelNotFound(f"model {model!r} not found under {base}")
 
 
 def fetch(url: str, models_dir: Path, chunk: int = 1 << 20) -> Path:

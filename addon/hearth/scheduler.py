@@ -111,14 +111,21 @@ class Policy:
         steps = math.floor(max(0.0, now - r.arrival) / period)
         return max(CHAT_RANK, r.rank - steps)
 
-    def key(self, r: Schedulable, now: float) -> tuple:
+    def key(self, r: Schedulable, now: float, in_flight: dict[str, int] | None = None) -> tuple:
         if self.cfg.mode == "hearth":
-            return (self.effective_rank(r, now), self.vtc.get(r.user, 0.0), r.arrival, r.id)
+            # Equal counters (a returning user is lifted to the active minimum) go to the user
+            # with fewer sequences running.
+            return (self.effective_rank(r, now), self.vtc.get(r.user, 0.0),
+                    (in_flight or {}).get(r.user, 0), r.arrival, r.id)
         return (r.arrival, r.id)
 
-    def order(self, reqs: Iterable[Schedulable], now: float) -> list[Schedulable]:
+    def order(self, reqs: Iterable[Schedulable], now: float,
+              running: Iterable[Schedulable] = ()) -> list[Schedulable]:
         """Admission order of waiting requests, and prefill order of admitted ones."""
-        return sorted(reqs, key=lambda r: self.key(r, now))
+        in_flight: dict[str, int] = {}
+        for x in running:
+            in_flight[x.user] = in_flight.get(x.user, 0) + 1
+        return sorted(reqs, key=lambda r: self.key(r, now, in_flight))
 
     def decode_order(self, running: Iterable[Schedulable]) -> list[Schedulable]:
         """Decode tokens go first in the batch, highest class first (they land in the first
@@ -155,8 +162,13 @@ class Policy:
         if self.cfg.mode != "hearth":
             return None
         mine = self.effective_rank(r, now)
-        cands = [x for x in running if x.rank != VOICE_RANK and x.rank > mine]
-        return self._lowest_newest(cands)
+        # Aged requests keep what they earned: compare effective ranks, not submitted ones.
+        cands = [x for x in running
+                 if x.rank != VOICE_RANK and self.effective_rank(x, now) > mine]
+        if not cands:
+            return None
+        return max(cands, key=lambda x: (self.effective_rank(x, now),
+                                         x.admitted_at or x.arrival, x.id))
 
     def memory_victim(self, running: Sequence[Schedulable]) -> Schedulable | None:
         """When the KV pool is exhausted with no request to blame: lowest class, newest; never

@@ -1,0 +1,37 @@
+# Hearth — the two commands: `make run` and `make test`. Both set themselves up first.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8080
+ARGS ?=
+
+.PHONY: setup run test lint unit server-tests ha-tests bench bench-quick clean
+
+setup:
+	@scripts/bootstrap
+
+run: setup
+	@$(PY) -m hearth serve --host $(HOST) --port $(PORT) $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+# Server/engine tests run without Home Assistant's pytest plugin (it blocks sockets and checks
+# for lingering threads); the Home Assistant tests run with it.
+unit: setup
+	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/unit -q
+
+server-tests: setup
+	$(PY) -m pytest -p no:homeassistant tests/server -q
+
+ha-tests: setup
+	$(PY) -m pytest tests/ha -q
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -p no:homeassistant tests/unit tests/server -q
+	$(PY) -m pytest tests/ha -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

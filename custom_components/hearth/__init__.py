@@ -1,0 +1,90 @@
+"""The Hearth integration: a local LLM server shared by the household."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from homeassistant.config_entries import ConfigEntry
+from homeassistant.const import CONF_API_KEY, CONF_URL, Platform
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import ConfigEntryAuthFailed, ConfigEntryNotReady
+from homeassistant.helpers import config_validation as cv
+from homeassistant.helpers.aiohttp_client import async_get_clientsession
+from homeassistant.helpers.typing import ConfigType
+
+from .api import CannotConnect, HearthClient, HearthError, InvalidAuth
+from .const import DOMAIN, LOGGER
+from .coordinator import HearthQueueCoordinator
+from .jobs import HearthJobWatcher
+from .services import async_setup_services
+
+PLATFORMS = (
+    Platform.AI_TASK,
+    Platform.BINARY_SENSOR,
+    Platform.CONVERSATION,
+    Platform.SENSOR,
+)
+
+CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
+
+
+@dataclass(slots=True)
+class HearthData:
+    """What a loaded Hearth entry holds."""
+
+    client: HearthClient
+    coordinator: HearthQueueCoordinator
+    jobs: HearthJobWatcher
+    health: dict[str, Any]
+
+    @property
+    def model(self) -> str | None:
+        """Return the id of the model the server serves."""
+        return self.health.get("model")
+
+
+HearthConfigEntry = ConfigEntry[HearthData]
+
+
+async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
+    """Set up the Hearth actions."""
+    async_setup_services(hass)
+    return True
+
+
+async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bool:
+    """Set up Hearth from a config entry."""
+    client = HearthClient(
+        async_get_clientsession(hass), entry.data[CONF_URL], entry.data.get(CONF_API_KEY)
+    )
+    try:
+        health = await client.async_validate()
+    except InvalidAuth as err:
+        raise ConfigEntryAuthFailed(str(err)) from err
+    except CannotConnect as err:
+        raise ConfigEntryNotReady(f"Hearth server not ready: {err}") from err
+    except HearthError as err:
+        raise ConfigEntryNotReady(str(err)) from err
+
+    coordinator = HearthQueueCoordinator(hass, entry, client)
+    await coordinator.async_config_entry_first_refresh()
+
+    jobs = HearthJobWatcher(hass, entry, client)
+    entry.runtime_data = HearthData(client, coordinator, jobs, health)
+
+    await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
+    jobs.async_start()
+    entry.async_on_unload(entry.add_update_listener(_async_update_listener))
+    LOGGER.debug("Hearth at %s serves %s", client.url, health.get("model"))
+    return True
+
+
+async def async_unload_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bool:
+    """Unload a config entry; the job watcher's task is cancelled with it."""
+    return await hass.config_entries.async_unload_platforms(entry, PLATFORMS)
+
+
+async def _async_update_listener(hass: HomeAssistant, entry: HearthConfigEntry) -> None:
+    """Reload when the entry or its subentries change."""
+    await hass.config_entries.async_reload(entry.entry_id)

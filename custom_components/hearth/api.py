@@ -1,0 +1,326 @@
+"""A small asynchronous client for the Hearth server's HTTP API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from .const import (
+    CLASS_HEADER,
+    EVENTS_READ_TIMEOUT,
+    LOGGER,
+    REQUEST_TIMEOUT,
+    STREAM_READ_TIMEOUT,
+)
+
+
+class HearthError(Exception):
+    """Base class for errors talking to a Hearth server."""
+
+
+class CannotConnect(HearthError):
+    """The server cannot be reached (or is not ready yet)."""
+
+
+class NotReady(CannotConnect):
+    """The server answers but its model is still loading (503)."""
+
+
+class InvalidAuth(HearthError):
+    """The server refused the API key (401)."""
+
+
+class NotFound(HearthError):
+    """The server does not know the resource (404)."""
+
+
+class ApiError(HearthError):
+    """The server answered with an error."""
+
+    def __init__(self, status: int, message: str) -> None:
+        """Keep the HTTP status next to the server's message."""
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass(slots=True)
+class ServerEvent:
+    """One server-sent event."""
+
+    id: str | None
+    event: str
+    data: str
+
+    def json(self) -> Any:
+        """Return the event's data decoded as JSON."""
+        return json.loads(self.data)
+
+
+def normalize_url(url: str) -> str:
+    """Return the base URL without a trailing slash or a trailing /v1."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def _error_message(body: bytes) -> str:
+    """Read the message of an OpenAI-shaped error body, falling back to the raw text."""
+    text = body.decode(errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:500]
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return text[:500]
+
+
+async def _iter_lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """Yield the lines of a streamed body; lines may be longer than aiohttp's line limit."""
+    buffer = b""
+    async for chunk in response.content.iter_any():
+        buffer += chunk
+        while True:
+            index = buffer.find(b"\n")
+            if index < 0:
+                break
+            line, buffer = buffer[:index], buffer[index + 1 :]
+            yield line.rstrip(b"\r").decode(errors="replace")
+    if buffer:
+        yield buffer.rstrip(b"\r").decode(errors="replace")
+
+
+async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[ServerEvent]:
+    """Parse a text/event-stream body into events (comments are skipped)."""
+    event_id: str | None = None
+    event_type = "message"
+    data: list[str] = []
+    async for line in _iter_lines(response):
+        if not line:
+            if data:
+                yield ServerEvent(event_id, event_type, "\n".join(data))
+            event_type = "message"
+            data = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            event_type = value or "message"
+        elif field == "id":
+            event_id = value
+    if data:
+        yield ServerEvent(event_id, event_type, "\n".join(data))
+
+
+class HearthClient:
+    """Talks to one Hearth server."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, api_key: str | None = None
+    ) -> None:
+        """Initialize the client."""
+        self._session = session
+        self.url = normalize_url(url)
+        self._api_key = api_key or None
+
+    def _headers(self, request_class: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        if request_class:
+            headers[CLASS_HEADER] = request_class
+        return headers
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, str] | None = None,
+        auth: bool = True,
+    ) -> Any:
+        headers = self._headers() if auth else {"Accept": "application/json"}
+        try:
+            async with self._session.request(
+                method,
+                self.url + path,
+                json=json_body,
+                params=params,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+            ) as response:
+                body = await response.read()
+                self._raise_for_status(response.status, body)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise CannotConnect(f"{method} {path}: {err or type(err).__name__}") from err
+        try:
+            return json.loads(body)
+        except ValueError as err:
+            raise ApiError(response.status, "response is not JSON") from err
+
+    @staticmethod
+    def _raise_for_status(status: int, body: bytes) -> None:
+        if status < 400:
+            return
+        message = _error_message(body)
+        if status == 401:
+            raise InvalidAuth(message)
+        if status == 404:
+            raise NotFound(message)
+        if status == 503:
+            raise NotReady(message)
+        raise ApiError(status, message)
+
+    # Server
+
+    async def async_health(self) -> dict[str, Any]:
+        """Return /health; raises NotReady while the model loads."""
+        return await self._request("GET", "/health", auth=False)
+
+    async def async_models(self) -> list[dict[str, Any]]:
+        """Return the models the server serves (needs auth)."""
+        data = await self._request("GET", "/v1/models")
+        return list(data.get("data") or [])
+
+    async def async_validate(self) -> dict[str, Any]:
+        """Check that the server is ready and accepts our key; return its /health."""
+        health = await self.async_health()
+        await self.async_models()
+        return health
+
+    async def async_queue(self) -> dict[str, Any]:
+        """Return the queue-health snapshot."""
+        return await self._request("GET", "/v1/queue")
+
+    # Chat completions
+
+    async def async_chat_stream(
+        self, body: dict[str, Any], request_class: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream a chat completion, yielding the decoded chunks."""
+        body = {**body, "stream": True}
+        try:
+            async with self._session.post(
+                self.url + "/v1/chat/completions",
+                json=body,
+                headers={**self._headers(request_class), "Accept": "text/event-stream"},
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=REQUEST_TIMEOUT, sock_read=STREAM_READ_TIMEOUT
+                ),
+            ) as response:
+                if response.status >= 400:
+                    self._raise_for_status(response.status, await response.read())
+                async for event in iter_sse(response):
+                    if event.data.strip() == "[DONE]":
+                        return
+                    try:
+                        chunk = event.json()
+                    except ValueError:
+                        LOGGER.debug("Skipping a chunk that is not JSON: %s", event.data)
+                        continue
+                    if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
+                        err = chunk["error"]
+                        message = err.get("message") if isinstance(err, dict) else str(err)
+                        raise ApiError(response.status, str(message))
+                    yield chunk
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise CannotConnect(f"chat completion: {err or type(err).__name__}") from err
+
+    async def async_chat(
+        self, body: dict[str, Any], request_class: str | None = None
+    ) -> dict[str, Any]:
+        """Run a chat completion without streaming."""
+        body = {**body, "stream": False}
+        try:
+            async with self._session.post(
+                self.url + "/v1/chat/completions",
+                json=body,
+                headers=self._headers(request_class),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=REQUEST_TIMEOUT, sock_read=STREAM_READ_TIMEOUT
+                ),
+            ) as response:
+                raw = await response.read()
+                self._raise_for_status(response.status, raw)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise CannotConnect(f"chat completion: {err or type(err).__name__}") from err
+        return json.loads(raw)
+
+    # Jobs
+
+    async def async_submit_job(
+        self,
+        request: dict[str, Any],
+        *,
+        request_class: str | None = None,
+        kind: str = "chat",
+        tag: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue a background job; the server answers 202 with the job at once."""
+        body: dict[str, Any] = {"request": request, "kind": kind}
+        if request_class:
+            body["class"] = request_class
+        if tag is not None:
+            body["tag"] = tag
+        return await self._request("POST", "/v1/jobs", json_body=body)
+
+    async def async_get_job(self, job_id: str) -> dict[str, Any]:
+        """Return one job; raises NotFound for an unknown id."""
+        return await self._request("GET", f"/v1/jobs/{job_id}")
+
+    async def async_list_jobs(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Return the server's jobs, optionally of one status."""
+        data = await self._request(
+            "GET", "/v1/jobs", params={"status": status} if status else None
+        )
+        if isinstance(data, dict):
+            return list(data.get("data") or data.get("jobs") or [])
+        return list(data or [])
+
+    async def async_cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job; returns it (status cancelled unless it had already finished)."""
+        return await self._request("DELETE", f"/v1/jobs/{job_id}")
+
+    async def async_events(
+        self,
+        last_event_id: str | None = None,
+        on_open: Callable[[], None] | None = None,
+    ) -> AsyncIterator[ServerEvent]:
+        """Follow the server's event stream (resumable with the last event id seen).
+
+        ``on_open`` runs once the server has accepted the subscription.
+        """
+        headers = {**self._headers(), "Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        try:
+            async with self._session.get(
+                self.url + "/v1/events",
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=REQUEST_TIMEOUT, sock_read=EVENTS_READ_TIMEOUT
+                ),
+            ) as response:
+                if response.status >= 400:
+                    self._raise_for_status(response.status, await response.read())
+                if on_open is not None:
+                    on_open()
+                async for event in iter_sse(response):
+                    yield event
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise CannotConnect(f"event stream: {err or type(err).__name__}") from err

@@ -1,0 +1,125 @@
+"""Conversation agents served by Hearth."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from homeassistant.components import conversation
+from homeassistant.config_entries import ConfigSubentry
+from homeassistant.const import CONF_LLM_HASS_API, MATCH_ALL
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+
+from .const import CLASS_POLICY_AUTO, CONF_CLASS_POLICY, CONF_PROMPT, DOMAIN
+from .entity import HearthBaseLLMEntity
+
+if TYPE_CHECKING:
+    from . import HearthConfigEntry
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    config_entry: HearthConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    """Set up one conversation agent per conversation subentry."""
+    for subentry in config_entry.subentries.values():
+        if subentry.subentry_type != "conversation":
+            continue
+        async_add_entities(
+            [HearthConversationEntity(config_entry, subentry)],
+            config_subentry_id=subentry.subentry_id,
+        )
+
+
+def request_class_for(
+    policy: str, user_input: conversation.ConversationInput, chat_log: conversation.ChatLog
+) -> str:
+    """Pick the server class of a conversation turn.
+
+    ``auto``: ``voice`` when the turn comes from a voice pipeline or a satellite (it names a
+    satellite or device, or the pipeline listens to the chat log's deltas to speak them),
+    otherwise ``chat``.
+    """
+    if policy and policy != CLASS_POLICY_AUTO:
+        return policy
+    if (
+        getattr(user_input, "satellite_id", None)
+        or getattr(user_input, "device_id", None)
+        or getattr(chat_log, "delta_listener", None) is not None
+    ):
+        return "voice"
+    return "chat"
+
+
+def fairness_key_for(
+    request_class: str, user_input: conversation.ConversationInput
+) -> str | None:
+    """Whose turn this is for the server's fair share: the satellite or device for voice,
+    otherwise the Home Assistant user."""
+    user_id = user_input.context.user_id if user_input.context else None
+    if request_class == "voice":
+        return (
+            getattr(user_input, "satellite_id", None)
+            or getattr(user_input, "device_id", None)
+            or user_id
+        )
+    return user_id
+
+
+class HearthConversationEntity(
+    conversation.ConversationEntity,
+    conversation.AbstractConversationAgent,
+    HearthBaseLLMEntity,
+):
+    """A Hearth conversation agent."""
+
+    _attr_supports_streaming = True
+
+    def __init__(self, entry: HearthConfigEntry, subentry: ConfigSubentry) -> None:
+        """Initialize the agent."""
+        super().__init__(entry, subentry)
+        if self.subentry.data.get(CONF_LLM_HASS_API):
+            self._attr_supported_features = conversation.ConversationEntityFeature.CONTROL
+
+    @property
+    def supported_languages(self) -> list[str] | Literal["*"]:
+        """Return the languages the agent speaks (the model decides)."""
+        return MATCH_ALL
+
+    async def async_added_to_hass(self) -> None:
+        """Register the agent."""
+        await super().async_added_to_hass()
+        conversation.async_set_agent(self.hass, self.entry, self)
+
+    async def async_will_remove_from_hass(self) -> None:
+        """Unregister the agent."""
+        conversation.async_unset_agent(self.hass, self.entry)
+        await super().async_will_remove_from_hass()
+
+    async def _async_handle_message(
+        self,
+        user_input: conversation.ConversationInput,
+        chat_log: conversation.ChatLog,
+    ) -> conversation.ConversationResult:
+        """Answer one conversation turn."""
+        options = self.subentry.data
+        try:
+            await chat_log.async_provide_llm_data(
+                user_input.as_llm_context(DOMAIN),
+                options.get(CONF_LLM_HASS_API),
+                options.get(CONF_PROMPT),
+                user_input.extra_system_prompt,
+            )
+        except conversation.ConverseError as err:
+            return err.as_conversation_result()
+
+        request_class = request_class_for(
+            options.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO), user_input, chat_log
+        )
+        await self._async_handle_chat_log(
+            chat_log,
+            request_class=request_class,
+            user=fairness_key_for(request_class, user_input),
+        )
+        return conversation.async_get_result_from_chat_log(user_input, chat_log)

@@ -1,0 +1,43 @@
+"""Polls the Hearth server's queue health."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import ConfigEntryAuthFailed
+from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, UpdateFailed
+
+from .api import HearthClient, HearthError, InvalidAuth
+from .const import DOMAIN, LOGGER, QUEUE_SCAN_INTERVAL
+
+if TYPE_CHECKING:
+    from . import HearthConfigEntry
+
+
+class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
+    """Fetches ``GET /v1/queue`` for the sensors."""
+
+    config_entry: HearthConfigEntry
+
+    def __init__(
+        self, hass: HomeAssistant, entry: HearthConfigEntry, client: HearthClient
+    ) -> None:
+        """Initialize the coordinator."""
+        super().__init__(
+            hass,
+            LOGGER,
+            config_entry=entry,
+            name=f"{DOMAIN} queue",
+            update_interval=timedelta(seconds=QUEUE_SCAN_INTERVAL),
+        )
+        self.client = client
+
+    async def _async_update_data(self) -> dict[str, Any]:
+        try:
+            return await self.client.async_queue()
+        except InvalidAuth as err:
+            raise ConfigEntryAuthFailed(str(err)) from err
+        except HearthError as err:
+            raise UpdateFailed(f"Hearth server unreachable: {err}") from err

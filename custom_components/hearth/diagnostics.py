@@ -1,0 +1,45 @@
+"""Diagnostics for Hearth."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from homeassistant.components.diagnostics import async_redact_data
+from homeassistant.const import CONF_API_KEY
+from homeassistant.core import HomeAssistant
+
+if TYPE_CHECKING:
+    from . import HearthConfigEntry
+
+TO_REDACT = {CONF_API_KEY, "authorization", "Authorization"}
+
+
+async def async_get_config_entry_diagnostics(
+    hass: HomeAssistant, entry: HearthConfigEntry
+) -> dict[str, Any]:
+    """Return diagnostics for a config entry (the API key redacted)."""
+    data = entry.runtime_data
+    return {
+        "entry": {
+            "title": entry.title,
+            "data": async_redact_data(dict(entry.data), TO_REDACT),
+            "options": async_redact_data(dict(entry.options), TO_REDACT),
+            "subentries": [
+                {
+                    "subentry_type": subentry.subentry_type,
+                    "title": subentry.title,
+                    "data": async_redact_data(dict(subentry.data), TO_REDACT),
+                }
+                for subentry in entry.subentries.values()
+            ],
+        },
+        "server": data.health,
+        "queue": data.coordinator.data,
+        "queue_last_update_success": data.coordinator.last_update_success,
+        "jobs": {
+            "events_connected": data.jobs.connected,
+            "events_supported": data.jobs.events_supported,
+            "last_event_id": data.jobs.last_event_id,
+            "pending": len(data.jobs.pending),
+        },
+    }

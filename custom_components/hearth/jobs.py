@@ -1,0 +1,252 @@
+"""Learns of finished background jobs and fires ``hearth_job_finished``.
+
+The server's ``/v1/events`` stream reports job state changes. The watcher follows it, resuming with
+``Last-Event-ID`` after a dropped connection (reconnecting with exponential backoff). While the
+stream is down, or when the server has no event stream, it polls ``/v1/jobs/{id}`` for the jobs
+submitted through this integration, so no finished job goes unannounced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from homeassistant.core import HomeAssistant, callback
+
+from .api import HearthClient, HearthError, InvalidAuth, NotFound
+from .const import (
+    EVENT_JOB_FINISHED,
+    EVENTS_BACKOFF_MAX,
+    EVENTS_BACKOFF_MIN,
+    EVENTS_RETRY_UNSUPPORTED,
+    JOB_POLL_INTERVAL,
+    JOB_TERMINAL_STATES,
+    LOGGER,
+)
+
+if TYPE_CHECKING:
+    from . import HearthConfigEntry
+
+# How many announced job ids to remember (so a replayed event is not announced twice).
+_FIRED_MEMORY = 1000
+# Jobs that finished this long before the watcher started are old news on a first connection.
+_STALE_AFTER_S = 60.0
+
+
+def job_result_text(job: dict[str, Any]) -> str | None:
+    """Return the text a chat job produced, if any."""
+    result = job.get("result")
+    if not isinstance(result, dict):
+        return None
+    choices = result.get("choices")
+    if not choices or not isinstance(choices, list):
+        return None
+    first = choices[0] or {}
+    message = first.get("message")
+    if isinstance(message, dict):
+        content = message.get("content")
+        if isinstance(content, list):  # a list of text parts
+            return "".join(
+                part.get("text", "") for part in content if isinstance(part, dict)
+            )
+        return content
+    text = first.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _ms(start: Any, end: Any) -> float | None:
+    if isinstance(start, int | float) and isinstance(end, int | float):
+        return round((end - start) * 1000.0, 1)
+    return None
+
+
+def job_timings(job: dict[str, Any]) -> dict[str, Any]:
+    """Return when the job was created, started and finished, and how long each phase took."""
+    created, started, finished = (
+        job.get("created_at"),
+        job.get("started_at"),
+        job.get("finished_at"),
+    )
+    timings: dict[str, Any] = {
+        "created_at": created,
+        "started_at": started,
+        "finished_at": finished,
+        "queue_ms": _ms(created, started),
+        "run_ms": _ms(started, finished),
+        "total_ms": _ms(created, finished),
+    }
+    result = job.get("result")
+    if isinstance(result, dict) and isinstance(server := result.get("hearth"), dict):
+        for key in ("ttft_ms", "e2e_ms"):
+            if isinstance(server.get(key), int | float):
+                timings[key] = server[key]
+    return timings
+
+
+def job_event_data(entry_id: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Build the data of a ``hearth_job_finished`` event."""
+    result = job.get("result")
+    usage = result.get("usage") if isinstance(result, dict) else None
+    return {
+        "config_entry_id": entry_id,
+        "job_id": job.get("id"),
+        "status": job.get("status"),
+        "kind": job.get("kind"),
+        "class": job.get("class"),
+        "tag": job.get("tag"),
+        "result": job_result_text(job),
+        "error": job.get("error"),
+        "usage": usage if isinstance(usage, dict) else None,
+        "timings": job_timings(job),
+    }
+
+
+class HearthJobWatcher:
+    """Follows one server's job events for as long as its config entry is loaded."""
+
+    def __init__(
+        self, hass: HomeAssistant, entry: HearthConfigEntry, client: HearthClient
+    ) -> None:
+        """Initialize the watcher."""
+        self.hass = hass
+        self.entry = entry
+        self.client = client
+        self.connected = False
+        self.events_supported: bool | None = None
+        self.last_event_id: str | None = None
+        self._pending: dict[str, str | None] = {}
+        self._fired: OrderedDict[str, None] = OrderedDict()
+        self._started = time.time()
+        self._task: asyncio.Task | None = None
+        self._poll_now = asyncio.Event()
+
+    @property
+    def pending(self) -> dict[str, str | None]:
+        """Return the jobs submitted here that have not finished (id → tag)."""
+        return dict(self._pending)
+
+    @property
+    def task(self) -> asyncio.Task | None:
+        """Return the background task following the server."""
+        return self._task
+
+    @callback
+    def async_start(self) -> None:
+        """Start following the server; the task ends when the entry unloads."""
+        self._task = self.entry.async_create_background_task(
+            self.hass, self._async_run(), name=f"hearth job watcher {self.entry.entry_id}"
+        )
+
+    @callback
+    def async_track(self, job: dict[str, Any]) -> None:
+        """Remember a job submitted through this integration until it finishes."""
+        job_id = job.get("id")
+        if not job_id:
+            return
+        if job.get("status") in JOB_TERMINAL_STATES:
+            self._async_job_update(job)
+            return
+        self._pending[job_id] = job.get("tag")
+        if not self.connected:
+            self._poll_now.set()
+
+    @callback
+    def _async_job_update(self, job: dict[str, Any], *, replayed: bool = False) -> None:
+        """Handle a job's new state; announce it once when it has finished."""
+        job_id = job.get("id")
+        if not job_id or job.get("status") not in JOB_TERMINAL_STATES:
+            return
+        tracked = job_id in self._pending
+        self._pending.pop(job_id, None)
+        if job_id in self._fired:
+            return
+        finished = job.get("finished_at")
+        if (
+            replayed
+            and not tracked
+            and isinstance(finished, int | float)
+            and finished < self._started - _STALE_AFTER_S
+        ):
+            return
+        self._fired[job_id] = None
+        while len(self._fired) > _FIRED_MEMORY:
+            self._fired.popitem(last=False)
+        LOGGER.debug("Job %s finished: %s", job_id, job.get("status"))
+        self.hass.bus.async_fire(EVENT_JOB_FINISHED, job_event_data(self.entry.entry_id, job))
+
+    async def _async_run(self) -> None:
+        backoff = EVENTS_BACKOFF_MIN
+        while True:
+            try:
+                await self._async_follow_events()
+            except NotFound:
+                LOGGER.debug("%s has no event stream; polling jobs", self.client.url)
+                self.events_supported = False
+                self.connected = False
+                await self._async_poll_for(EVENTS_RETRY_UNSUPPORTED)
+                continue
+            except InvalidAuth:
+                LOGGER.warning("Hearth refused the API key on its event stream")
+                self.entry.async_start_reauth(self.hass)
+            except HearthError as err:
+                LOGGER.debug("Hearth event stream interrupted: %s", err)
+            if self.connected:
+                backoff = EVENTS_BACKOFF_MIN
+            self.connected = False
+            await self._async_poll_for(backoff * random.uniform(0.8, 1.2))
+            backoff = min(backoff * 2, EVENTS_BACKOFF_MAX)
+
+    async def _async_follow_events(self) -> None:
+        first_connection = self.last_event_id is None
+        async for event in self.client.async_events(self.last_event_id, on_open=self._opened):
+            if event.id is not None:
+                self.last_event_id = event.id
+            if event.event not in ("job", "message"):
+                continue
+            try:
+                data = event.json()
+            except ValueError:
+                LOGGER.debug("Skipping an event that is not JSON: %s", event.data)
+                continue
+            if not isinstance(data, dict):
+                continue
+            job = data.get("job") if data.get("type", "job") == "job" else None
+            if isinstance(job, dict):
+                self._async_job_update(job, replayed=first_connection)
+
+    @callback
+    def _opened(self) -> None:
+        """Run when the event stream is open: catch up on what happened while it was not."""
+        self.connected = True
+        self.events_supported = True
+        if self._pending:
+            self.entry.async_create_background_task(
+                self.hass, self._async_poll_pending(), name="hearth job catch-up"
+            )
+
+    async def _async_poll_for(self, seconds: float) -> None:
+        """Poll the pending jobs until ``seconds`` have passed."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            await self._async_poll_pending()
+            self._poll_now.clear()
+            try:
+                async with asyncio.timeout(min(JOB_POLL_INTERVAL, remaining)):
+                    await self._poll_now.wait()
+            except TimeoutError:
+                pass
+
+    async def _async_poll_pending(self) -> None:
+        for job_id in list(self._pending):
+            try:
+                job = await self.client.async_get_job(job_id)
+            except NotFound:
+                self._pending.pop(job_id, None)
+                continue
+            except HearthError as err:
+                LOGGER.debug("Cannot poll job %s: %s", job_id, err)
+                return
+            self._async_job_update(job)

@@ -1,0 +1,192 @@
+"""Queue-health sensors of a Hearth server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from homeassistant.components.sensor import (
+    SensorDeviceClass,
+    SensorEntity,
+    SensorEntityDescription,
+    SensorStateClass,
+)
+from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+
+from .const import INTERACTIVE_CLASSES, REQUEST_CLASSES
+from .entity import HearthServerEntity
+
+if TYPE_CHECKING:
+    from . import HearthConfigEntry
+
+# Sensor values come from the coordinator; no need to limit parallel updates.
+PARALLEL_UPDATES = 0
+
+UNIT_TOKENS_PER_SECOND = "tok/s"
+
+
+def _number(value: Any) -> float | None:
+    """Return a number, or None for missing data (a null percentile means no data yet)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _path(*keys: str) -> Callable[[dict[str, Any]], float | None]:
+    def read(data: dict[str, Any]) -> float | None:
+        value: Any = data
+        for key in keys:
+            if not isinstance(value, dict):
+                return None
+            value = value.get(key)
+        return _number(value)
+
+    return read
+
+
+def _percent(*keys: str) -> Callable[[dict[str, Any]], float | None]:
+    read = _path(*keys)
+
+    def percent(data: dict[str, Any]) -> float | None:
+        value = read(data)
+        return None if value is None else round(value * 100.0, 2)
+
+    return percent
+
+
+@dataclass(frozen=True, kw_only=True)
+class HearthSensorDescription(SensorEntityDescription):
+    """Describes a Hearth queue sensor."""
+
+    value_fn: Callable[[dict[str, Any]], float | None]
+
+
+def _descriptions() -> list[HearthSensorDescription]:
+    descriptions: list[HearthSensorDescription] = []
+    for cls in REQUEST_CLASSES:
+        less_used = cls in ("agent", "embedding")
+        descriptions += [
+            HearthSensorDescription(
+                key=f"waiting_{cls}",
+                translation_key=f"waiting_{cls}",
+                state_class=SensorStateClass.MEASUREMENT,
+                entity_registry_enabled_default=not less_used,
+                value_fn=_path("waiting", cls),
+            ),
+            HearthSensorDescription(
+                key=f"running_{cls}",
+                translation_key=f"running_{cls}",
+                state_class=SensorStateClass.MEASUREMENT,
+                entity_registry_enabled_default=not less_used,
+                value_fn=_path("running", cls),
+            ),
+            HearthSensorDescription(
+                key=f"completed_{cls}",
+                translation_key=f"completed_{cls}",
+                state_class=SensorStateClass.TOTAL_INCREASING,
+                entity_category=EntityCategory.DIAGNOSTIC,
+                entity_registry_enabled_default=False,
+                value_fn=_path("classes", cls, "completed"),
+            ),
+        ]
+    for cls in INTERACTIVE_CLASSES:
+        for metric, source in (("ttft", "ttft_ms"), ("itl", "itl_ms"), ("queue_wait", "queue_ms")):
+            descriptions.append(
+                HearthSensorDescription(
+                    key=f"{metric}_p95_{cls}",
+                    translation_key=f"{metric}_p95_{cls}",
+                    device_class=SensorDeviceClass.DURATION,
+                    native_unit_of_measurement=UnitOfTime.MILLISECONDS,
+                    state_class=SensorStateClass.MEASUREMENT,
+                    suggested_display_precision=0,
+                    value_fn=_path("classes", cls, source, "p95"),
+                )
+            )
+    descriptions += [
+        HearthSensorDescription(
+            key="tokens_per_second",
+            translation_key="tokens_per_second",
+            native_unit_of_measurement=UNIT_TOKENS_PER_SECOND,
+            state_class=SensorStateClass.MEASUREMENT,
+            suggested_display_precision=1,
+            value_fn=_path("tokens_per_s"),
+        ),
+        HearthSensorDescription(
+            key="kv_cache_use",
+            translation_key="kv_cache_use",
+            native_unit_of_measurement=PERCENTAGE,
+            state_class=SensorStateClass.MEASUREMENT,
+            suggested_display_precision=1,
+            value_fn=_percent("kv", "use"),
+        ),
+        HearthSensorDescription(
+            key="prefix_cache_hit_rate",
+            translation_key="prefix_cache_hit_rate",
+            native_unit_of_measurement=PERCENTAGE,
+            state_class=SensorStateClass.MEASUREMENT,
+            suggested_display_precision=0,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            value_fn=_percent("prefix_cache", "hit_rate"),
+        ),
+        HearthSensorDescription(
+            key="preemptions",
+            translation_key="preemptions",
+            state_class=SensorStateClass.TOTAL_INCREASING,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            value_fn=_path("preemptions"),
+        ),
+        HearthSensorDescription(
+            key="generated_tokens",
+            translation_key="generated_tokens",
+            state_class=SensorStateClass.TOTAL_INCREASING,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            entity_registry_enabled_default=False,
+            value_fn=_path("generated_tokens_total"),
+        ),
+        HearthSensorDescription(
+            key="jobs_queued",
+            translation_key="jobs_queued",
+            state_class=SensorStateClass.MEASUREMENT,
+            value_fn=_path("jobs", "queued"),
+        ),
+        HearthSensorDescription(
+            key="jobs_failed",
+            translation_key="jobs_failed",
+            state_class=SensorStateClass.TOTAL_INCREASING,
+            value_fn=_path("jobs", "failed"),
+        ),
+    ]
+    return descriptions
+
+
+SENSORS: tuple[HearthSensorDescription, ...] = tuple(_descriptions())
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    config_entry: HearthConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    """Set up the queue sensors on the server's device."""
+    async_add_entities(HearthQueueSensor(config_entry, description) for description in SENSORS)
+
+
+class HearthQueueSensor(HearthServerEntity, SensorEntity):
+    """One number from ``/v1/queue``."""
+
+    entity_description: HearthSensorDescription
+
+    def __init__(
+        self, entry: HearthConfigEntry, description: HearthSensorDescription
+    ) -> None:
+        """Initialize the sensor."""
+        super().__init__(entry, description.key)
+        self.entity_description = description
+
+    @property
+    def native_value(self) -> float | None:
+        """Return the value, or None when the server has no data for it."""
+        return self.entity_description.value_fn(self.coordinator.data or {})

@@ -1,0 +1,188 @@
+"""A simulated engine backend: a virtual clock, a linear cost model and a KV pool with shared
+cells, so scheduler behaviour can be tested deterministically and fast. It stands in for
+llama.cpp only in the scheduler tests; the real path is tested with the real model."""
+
+from __future__ import annotations
+
+import hashlib
+
+from hearth.engine import EngineConfig, EngineCore
+from hearth.requests import Request, SamplingParams
+from hearth.scheduler import PolicyConfig, class_rank
+
+EOG = 2
+
+
+class _Sampler:
+    def __init__(self, seed: int):
+        self.seed = seed
+
+
+class _Decoder:
+    def feed(self, b: bytes) -> str:
+        return b.decode()
+
+    def flush(self) -> str:
+        return ""
+
+
+class SimBackend:
+    def __init__(self, n_ctx: int = 32768, n_seq_max: int = 16, n_batch: int = 512,
+                 n_ubatch: int = 128, base: float = 0.004, per_token: float = 0.002,
+                 n_ctx_seq: int | None = None):
+        self.n_ctx = n_ctx
+        self.n_ctx_seq = n_ctx_seq or n_ctx
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
+        self.base = base
+        self.per_token = per_token
+        self.t = 0.0
+        self.cells: dict[int, dict[int, int]] = {}  # seq -> pos -> cell id
+        self.refs: dict[int, int] = {}  # cell id -> sequences using it
+        self._next_cell = 0
+        self.batches: list[dict] = []  # what each decode contained
+        self.abort_requested = False
+        self._outputs: dict[int, tuple[int, ...]] = {}  # output row -> context tokens
+        self._ctx: dict[int, list[int]] = {}  # seq -> tokens by position
+
+    def now(self) -> float:
+        return self.t
+
+    @property
+    def used(self) -> int:
+        return len(self.refs)
+
+    def decode(self, tokens, pos, seqs, outputs) -> int:
+        new = sum(1 for p, s in zip(pos, seqs, strict=True) if p not in self.cells.get(s, {}))
+        if self.used + new > self.n_ctx:
+            return 1
+        self.t += self.base + self.per_token * len(tokens)
+        self.batches.append({"n": len(tokens), "seqs": list(seqs), "t": self.t})
+        self._outputs.clear()
+        for i, (tok, p, s, out) in enumerate(zip(tokens, pos, seqs, outputs, strict=True)):
+            cells = self.cells.setdefault(s, {})
+            ctx = self._ctx.setdefault(s, [])
+            if p in cells:
+                self._unref(cells[p])
+            cells[p] = self._next_cell
+            self.refs[self._next_cell] = 1
+            self._next_cell += 1
+            del ctx[p:]
+            ctx.append(tok)
+            if out:
+                self._outputs[i] = tuple(ctx)
+        return 0
+
+    def _unref(self, cell: int) -> None:
+        self.refs[cell] -= 1
+        if self.refs[cell] == 0:
+            del self.refs[cell]
+
+    def new_sampler(self, p: SamplingParams) -> _Sampler:
+        return _Sampler(p.seed or 0)
+
+    def sample(self, sampler: _Sampler, i: int) -> int:
+        # A pure function of the context, like greedy decoding: resumption is exact.
+        h = hashlib.blake2b(repr((sampler.seed, self._outputs[i][-8:])).encode(), digest_size=4)
+        return 10 + int.from_bytes(h.digest(), "little") % 1000
+
+    def free_sampler(self, sampler) -> None:
+        pass
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        cells = self.cells.get(seq, {})
+        lo = 0 if p0 < 0 else p0
+        for p in [p for p in cells if p >= lo and (p1 < 0 or p < p1)]:
+            self._unref(cells.pop(p))
+        ctx = self._ctx.get(seq, [])
+        del ctx[lo:]
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        lo = 0 if p0 < 0 else p0
+        dcells = self.cells.setdefault(dst, {})
+        for p, c in self.cells.get(src, {}).items():
+            if p >= lo and (p1 < 0 or p < p1):
+                dcells[p] = c
+                self.refs[c] += 1
+        self._ctx[dst] = list(self._ctx.get(src, [])[: p1 if p1 >= 0 else None])
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max(self.cells.get(seq, {}), default=-1)
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+    def make_decoder(self) -> _Decoder:
+        return _Decoder()
+
+    def request_abort(self) -> None:
+        self.abort_requested = True
+
+    def clear_abort(self) -> None:
+        self.abort_requested = False
+
+    def embed(self, inputs):
+        self.t += self.base + self.per_token * sum(len(x) for x in inputs)
+        return [[float(len(x)), 1.0] for x in inputs]
+
+    def embed_limits(self):
+        return 2048, 32
+
+
+class Collector:
+    """A sink that records events with the virtual time they were delivered."""
+
+    def __init__(self, backend: SimBackend):
+        self.b = backend
+        self.events: list = []
+        self.times: list[float] = []
+
+    def __call__(self, events) -> None:
+        for e in events:
+            self.events.append(e)
+            self.times.append(self.b.t)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for e in self.events if e.kind == "token" for t in e.token_ids]
+
+    @property
+    def done(self):
+        return next((e for e in self.events if e.kind in ("done", "error")), None)
+
+
+def make_core(mode: str = "hearth", n_parallel: int = 8, latency_target: float = 0.06,
+              backend: SimBackend | None = None, **cfg) -> tuple[EngineCore, SimBackend]:
+    b = backend or SimBackend(n_seq_max=n_parallel + 8)
+    aging = cfg.pop("aging_seconds", None)
+    caps = cfg.pop("caps", None)
+    pc = PolicyConfig(mode=mode, n_parallel=n_parallel)
+    if aging is not None:
+        pc.aging_seconds = aging
+    if caps is not None:
+        pc.caps = caps
+    core = EngineCore(b, pc, EngineConfig(latency_target_s=latency_target, **cfg))
+    core.cost.base, core.cost.per_token = b.base, b.per_token  # as if calibrated
+    return core, b
+
+
+def request(b: SimBackend, cls: str, prompt_len: int, max_tokens: int, user: str = "u",
+            seed: int = 0, prefix: list[int] | None = None) -> tuple[Request, Collector]:
+    sink = Collector(b)
+    body = list(prefix or []) + [100 + (seed * 7919 + i) % 5000 for i in range(prompt_len)]
+    r = Request(prompt=body, rank=class_rank(cls), sink=sink, user=user, max_tokens=max_tokens,
+                ignore_eos=True, sampling=SamplingParams(seed=seed))
+    return r, sink
+
+
+def run_until(core: EngineCore, cond, max_steps: int = 100_000) -> int:
+    steps = 0
+    while not cond() and steps < max_steps:
+        core.step()
+        steps += 1
+    assert cond(), "condition not reached"
+    return steps

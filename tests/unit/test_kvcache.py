@@ -1,0 +1,67 @@
+"""Prefix-cache bookkeeping."""
+
+from __future__ import annotations
+
+import random
+
+from hearth.kvcache import KVPool, common_prefix
+
+
+def test_common_prefix_matches_a_plain_loop():
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randint(0, 3000)
+        a = [rng.randint(0, 3) for _ in range(n)]
+        k = rng.randint(0, n)
+        b = a[:k] + [rng.randint(0, 3) for _ in range(rng.randint(0, 50))]
+        expect = 0
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            expect += 1
+        assert common_prefix(a, b) == expect
+
+
+def test_lookup_finds_longest_prefix_and_leaves_one_token_to_compute():
+    pool = KVPool(n_ctx=1000, n_seq_max=4, max_entries=2)
+    pool.insert(0, [1, 2, 3, 4], own=4, shared=None)
+    pool.insert(1, [1, 2, 9], own=3, shared=None)
+    e, n = pool.lookup([1, 2, 3, 4, 5])
+    assert e.seq_id == 0 and n == 4
+    e, n = pool.lookup([1, 2, 3, 4])
+    assert n == 3  # the last prompt token is always computed (its logits are needed)
+    assert pool.lookup([7, 7])[1] == 0
+
+
+def test_insert_supersedes_prefixes_and_evicts_lru():
+    pool = KVPool(n_ctx=1000, n_seq_max=6, max_entries=2)
+    assert pool.insert(0, [1, 2], own=2, shared=None) == []
+    assert pool.insert(1, [1, 2, 3], own=3, shared=None) == [0]  # [1,2] is now redundant
+    assert pool.insert(2, [5, 6], own=2, shared=None) == []
+    pool.lookup([1, 2, 3, 4])  # touch entry 1
+    assert pool.insert(3, [8, 9], own=2, shared=None) == [2]  # LRU was entry 2
+    assert sorted(pool.entries) == [1, 3]
+    assert pool.cached_cells == 5
+
+
+def test_evicting_a_shared_entry_moves_its_cells_to_the_sharers():
+    pool = KVPool(n_ctx=1000, n_seq_max=4, max_entries=4)
+    pool.insert(0, list(range(100)), own=100, shared=None)
+    entry = pool.entries[0]
+
+    class Seq:
+        shared = entry
+        shared_len = 100
+
+    s = Seq()
+    entry.sharers.add(s)
+    pool.add_cells(20)
+    assert pool.used_cells == 120
+    pool.evict_lru()
+    assert pool.used_cells == 120  # the cells live on in the sharer
+    assert s.shared is None and s.shared_len == 0
+
+
+def test_disabled_cache_hands_sequences_back():
+    pool = KVPool(n_ctx=100, n_seq_max=2, max_entries=8, enabled=False)
+    assert pool.insert(1, [1, 2], own=2, shared=None) == [1]

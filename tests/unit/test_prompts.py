@@ -1,0 +1,63 @@
+"""Chat prompt rendering and its fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from hearth.prompts import CHATML, ChatFormatter, PromptError, content_text
+
+TOOLS = [{"type": "function", "function": {
+    "name": "HassTurnOn", "description": "Turn on a device",
+    "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}}]
+
+
+def test_missing_template_falls_back_to_chatml():
+    f = ChatFormatter(None)
+    assert f.is_fallback and f.source == CHATML
+    out = f.render([{"role": "user", "content": "hi"}])
+    assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_template_without_tools_gets_tools_in_the_system_prompt():
+    f = ChatFormatter(CHATML)
+    assert not f.native_tools
+    out = f.render([{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "light on"}], tools=TOOLS)
+    assert "Be brief." in out and "<tools>" in out and '"HassTurnOn"' in out
+    assert "<tool_call>" in out
+
+
+def test_tool_history_is_rendered_for_templates_without_tools():
+    f = ChatFormatter(CHATML)
+    out = f.render([
+        {"role": "user", "content": "light on"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "c1", "type": "function",
+            "function": {"name": "HassTurnOn", "arguments": '{"name": "kitchen"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"success": true}'},
+    ])
+    assert '<tool_call>{"name": "HassTurnOn", "arguments": {"name": "kitchen"}}</tool_call>' in out
+    assert "<tool_response>" in out
+
+
+def test_native_tool_template_receives_tools():
+    tmpl = "{% for t in tools %}[{{ t.function.name }}]{% endfor %}" \
+           "{% for m in messages %}{{ m.content }}{% endfor %}"
+    f = ChatFormatter(tmpl)
+    assert f.native_tools
+    assert f.render([{"role": "user", "content": "x"}], tools=TOOLS) == "[HassTurnOn]x"
+
+
+def test_content_parts_and_errors():
+    assert content_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "ab"
+    with pytest.raises(PromptError):
+        content_text([{"type": "image_url", "image_url": {"url": "x"}}])
+    f = ChatFormatter("{{ raise_exception('no system role') }}")
+    with pytest.raises(PromptError):
+        f.render([{"role": "user", "content": "x"}])
+
+
+def test_sandbox_blocks_unsafe_templates():
+    f = ChatFormatter("{{ ''.__class__.__mro__ }}")
+    with pytest.raises(PromptError):
+        f.render([{"role": "user", "content": "x"}])
