@@ -111,3 +111,19 @@ class EmbeddingRequest(_Body):
         if v is not None:
             class_rank(v)
         return v
+
+
+class JobCreate(_Body):
+    request: dict[str, Any]
+    kind: Literal["chat", "embeddings"] = "chat"
+    cls: str = Field("background", alias="class")
+    tag: str | None = Field(None, max_length=256)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("cls")
+    @classmethod
+    def _known_class(cls, v: str) -> str:
+        from .scheduler import RANK_NAMES
+
+        return RANK_NAMES[class_rank(v)]

@@ -327,3 +327,16 @@ class Utf8Decoder:
     def flush(self) -> str:
         out, self._pending = self._pending.decode("utf-8", "replace"), b""
         return out
+
+
+def json_schema_grammar(schema: dict) -> str:
+    """A GBNF grammar (root rule ``root``) accepting JSON valid for ``schema``, from
+    llama-cpp-python's converter. Raises ValueError for schemas it cannot convert."""
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter raises assorted types on bad schemas
+        raise ValueError(f"unsupported JSON schema: {e}") from e

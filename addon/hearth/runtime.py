@@ -32,6 +32,7 @@ class Runtime:
         self.model_id = "hearth"
         self.model_path: Path | None = None
         self._thread: threading.Thread | None = None
+        self.job_counts: dict[str, int] | None = None  # refreshed by /metrics
 
     def start_loading(self) -> None:
         self._thread = threading.Thread(target=self._load_safely, name="hearth-load",

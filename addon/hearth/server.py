@@ -1,5 +1,6 @@
-"""The HTTP layer (aiohttp): OpenAI-compatible endpoints and the Hearth API. Thin: it validates,
-turns bodies into engine requests and streams events back."""
+"""The HTTP layer (aiohttp): OpenAI-compatible endpoints and the Hearth API. Thin: it checks
+auth, validates bodies, hands them to :mod:`hearth.completions` / :mod:`hearth.jobs` and writes
+the answers."""
 
 from __future__ import annotations
 
@@ -7,19 +8,20 @@ import asyncio
 import hmac
 import json
 import logging
-import time
-import uuid
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientSession, web
 from pydantic import BaseModel, ValidationError
 
-from . import __version__
-from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from .engine import AsyncStream, RequestError
-from .prompts import PromptError
-from .requests import Request, SamplingParams
+from . import __version__, discovery
+from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
+from .completions import Completion, CompletionError, embeddings
+from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
+from .metrics import CONTENT_TYPE, Metrics
+from .openapi import build as build_openapi
 from .runtime import Runtime
 from .scheduler import class_rank
 from .settings import Settings
@@ -27,58 +29,52 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", Runtime)
+JOBS = web.AppKey("jobs", JobRunner)
+METRICS = web.AppKey("metrics", Metrics)
 MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = {"/health"}
+KEEPALIVE_S = 15.0
 
 
 # -- errors ------------------------------------------------------------------------------------
+_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable"}
+
+
 def error_response(status: int, message: str, code: str | None = None,
-                   param: str | None = None, headers: dict[str, str] | None = None
-                   ) -> web.Response:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 429: "rate_limit_error",
-            503: "service_unavailable"}.get(status, "server_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+                   param: str | None = None, retry_after: float | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": _KINDS.get(status, "server_error"),
+                      "param": param, "code": code}}
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after else None
     return web.json_response(body, status=status, headers=headers)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 param: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-        self.headers = headers
-
-    def response(self) -> web.Response:
-        return error_response(self.status, self.message, self.code, self.param, self.headers)
-
-
-def from_request_error(e: RequestError) -> ApiError:
-    headers = {"Retry-After": str(int(e.retry_after + 0.999))} if e.retry_after else None
-    return ApiError(e.status, str(e), e.code, headers=headers)
+class ApiError(CompletionError):
+    pass
 
 
 @web.middleware
 async def errors_and_auth(request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                           ) -> web.StreamResponse:
-    rt = request.app[RUNTIME]
-    key = rt.settings.api_key
+    key = request.app[RUNTIME].settings.api_key
     if key and request.path not in OPEN_PATHS:
         given = request.headers.get("Authorization", "")
-        token = given[7:] if given.startswith("Bearer ") else ""
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        # Constant-time comparison; the key is never logged.
         if not hmac.compare_digest(token.encode(), key.encode()):
             return error_response(401, "invalid or missing API key", "invalid_api_key")
     try:
         return await handler(request)
-    except ApiError as e:
-        return e.response()
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, f"request body larger than {MAX_BODY} bytes",
-                              "body_too_large")
+    except CompletionError as e:
+        return error_response(e.status, e.message, e.code, e.param, e.retry_after)
     except web.HTTPException as e:
         if e.status >= 400:
-            return error_response(e.status, e.reason or "error")
+            code = "body_too_large" if e.status == 413 else None
+            return error_response(e.status, e.reason or "error", code)
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
@@ -86,10 +82,7 @@ async def errors_and_auth(request: web.Request,
 
 
 async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise ApiError(413, f"request body larger than {MAX_BODY} bytes", "body_too_large") from e
+    raw = await request.read()  # raises 413 past client_max_size
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -103,7 +96,8 @@ async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise ApiError(400, f"{loc}: {err['msg']}", "invalid_value", param=loc or None) from e
+        raise ApiError(400, f"{loc}: {err['msg']}" if loc else err["msg"], "invalid_value",
+                       loc or None) from e
 
 
 def ready(request: web.Request) -> Runtime:
@@ -111,14 +105,14 @@ def ready(request: web.Request) -> Runtime:
     if rt.state != "ready":
         detail = f": {rt.error}" if rt.error else ""
         raise ApiError(503, f"the model is {rt.state}{detail}", "model_not_ready",
-                       headers={"Retry-After": "5"})
+                       retry_after=5)
     return rt
 
 
 def check_model(rt: Runtime, name: str | None) -> None:
     if name and name not in (rt.model_id, "hearth", "default"):
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
-                            f"{rt.model_id!r}", "model_not_found", param="model")
+                            f"{rt.model_id!r}", "model_not_found", "model")
 
 
 def request_class(request: web.Request, priority: str | int | None, default: str) -> int:
@@ -128,37 +122,15 @@ def request_class(request: web.Request, priority: str | int | None, default: str
     try:
         return class_rank(value if value is not None else default)
     except ValueError as e:
-        raise ApiError(400, str(e), "invalid_class", param="priority") from e
+        raise ApiError(400, str(e), "invalid_class", "priority") from e
 
 
-def sampling_of(rt: Runtime, body: Any) -> SamplingParams:
-    p = SamplingParams()
-    if body.temperature is not None:
-        p.temperature = body.temperature
-    if body.top_p is not None:
-        p.top_p = body.top_p
-    if body.top_k is not None:
-        p.top_k = body.top_k
-    if body.min_p is not None:
-        p.min_p = body.min_p
-    if body.repeat_penalty is not None:
-        p.repeat_penalty = body.repeat_penalty
-    p.seed = body.seed
-    return p
-
-
-def submit(rt: Runtime, r: Request) -> None:
-    try:
-        rt.engine.submit(r)  # type: ignore[union-attr]
-    except RequestError as e:
-        raise from_request_error(e) from e
-
-
-# -- handlers ----------------------------------------------------------------------------------
+# -- OpenAI-compatible -------------------------------------------------------------------------
 async def health(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    body = {"status": rt.state, "model": rt.model_id if rt.state == "ready" else None,
-            "version": __version__}
+    body: dict[str, Any] = {"status": rt.state,
+                            "model": rt.model_id if rt.state == "ready" else None,
+                            "version": __version__}
     if rt.error:
         body["error"] = rt.error
     if rt.engine is not None and rt.engine.error is not None:
@@ -171,189 +143,191 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{
         "id": rt.model_id, "object": "model", "created": 0, "owned_by": "hearth",
         "meta": {"description": rt.model.description, "n_ctx": rt.backend.n_ctx,
-                 "n_ctx_seq": rt.backend.n_ctx_seq, "path": rt.model_path.name}}]})
+                 "n_ctx_seq": rt.backend.n_ctx_seq, "file": rt.model_path.name}}]})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = ready(request)
-    body: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)
+    body = await read_body(request, ChatCompletionRequest)
     check_model(rt, body.model)
-    rank = request_class(request, body.priority, "chat")
-    try:
-        prompt = rt.formatter.render([m.model_dump(exclude_none=True) for m in body.messages],
-                                     tools=[t.model_dump() for t in body.tools]
-                                     if body.tools else None)
-    except PromptError as e:
-        raise ApiError(400, str(e), "invalid_messages", param="messages") from e
-    tokens = rt.tokenize_prompt(prompt)
-    max_tokens = body.max_completion_tokens or body.max_tokens or rt.settings.max_tokens_default
-    return await generate(request, rt, body, tokens, rank, max_tokens, chat=True)
+    return await serve_completion(request, Completion(
+        rt, body, request_class(request, body.priority, "chat")))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = ready(request)
-    body: CompletionRequest = await read_body(request, CompletionRequest)
+    body = await read_body(request, CompletionRequest)
     check_model(rt, body.model)
-    rank = request_class(request, body.priority, "chat")
-    if isinstance(body.prompt, list):
-        if len(body.prompt) != 1:
-            raise ApiError(400, "exactly one prompt per request", "invalid_value",
-                           param="prompt")
-        text = body.prompt[0]
-    else:
-        text = body.prompt
-    tokens = rt.model.tokenize(text, add_special=True, parse_special=False)
-    max_tokens = body.max_tokens or min(16, rt.settings.max_tokens_default)
-    return await generate(request, rt, body, tokens, rank, max_tokens, chat=False)
+    return await serve_completion(request, Completion(
+        rt, body, request_class(request, body.priority, "chat")))
 
 
-async def generate(request: web.Request, rt: Runtime, body: Any, tokens: list[int], rank: int,
-                   max_tokens: int, chat: bool) -> web.StreamResponse:
-    stream = AsyncStream()
-    r = Request(prompt=tokens, rank=rank, sink=stream, user=body.user or "anonymous",
-                max_tokens=max_tokens, stop=body.stops(), ignore_eos=body.ignore_eos,
-                sampling=sampling_of(rt, body))
-    submit(rt, r)
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    created = int(time.time())
-    obj = "chat.completion" if chat else "text_completion"
+async def serve_completion(request: web.Request, comp: Completion) -> web.StreamResponse:
+    comp.submit()
     try:
-        if body.stream:
-            return await _stream(request, rt, r, stream, rid, created, obj, chat, body)
-        text, done = [], None
-        async for ev in stream.events():
-            if ev.kind == "token":
-                text.append(ev.text)
-            elif ev.kind == "error":
-                raise ApiError(ev.status, ev.message or "generation failed", "generation_failed")
-            else:
-                done = ev
-        content = "".join(text)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason,
-                                  "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": content}
-        else:
-            choice["text"] = content
-        return web.json_response({
-            "id": rid, "object": obj, "created": created, "model": rt.model_id,
-            "choices": [choice], "usage": _usage(done.usage), "hearth": done.timing})
-    except (asyncio.CancelledError, ConnectionResetError):
-        rt.engine.cancel(r.id)  # the client went away: free its sequence
-        raise
+        if not comp.body.stream:
+            return web.json_response(await comp.result())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        async for chunk in comp.chunks():
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
     finally:
-        if not r.finished:
-            rt.engine.cancel(r.id)
+        comp.cancel()  # no-op when finished; frees the sequence when the client went away
 
 
-def _usage(u: dict[str, int] | None) -> dict[str, Any]:
-    u = u or {}
-    return {"prompt_tokens": u.get("prompt_tokens", 0),
-            "completion_tokens": u.get("completion_tokens", 0),
-            "total_tokens": u.get("total_tokens", 0),
-            "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)}}
-
-
-async def _stream(request: web.Request, rt: Runtime, r: Request, stream: AsyncStream, rid: str,
-                  created: int, obj: str, chat: bool, body: Any) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    obj_chunk = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
-        if chat:
-            c["delta"] = delta
-        else:
-            c["text"] = delta
-        return {"id": rid, "object": obj_chunk, "created": created, "model": rt.model_id,
-                "choices": [c]}
-
-    async def send(payload: dict[str, Any]) -> None:
-        await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-    if chat:
-        await send(chunk({"role": "assistant", "content": ""}, None))
-    async for ev in stream.events():
-        if ev.kind == "token":
-            if ev.text:
-                await send(chunk({"content": ev.text} if chat else ev.text, None))
-        elif ev.kind == "error":
-            await send({"error": {"message": ev.message, "type": "server_error",
-                                  "code": "generation_failed"}})
-        else:
-            await send(chunk({} if chat else "", ev.finish_reason))
-            if body.stream_options and body.stream_options.include_usage:
-                await send({"id": rid, "object": obj_chunk, "created": created,
-                            "model": rt.model_id, "choices": [], "usage": _usage(ev.usage)})
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
-
-
-async def embeddings(request: web.Request) -> web.Response:
+async def embeddings_handler(request: web.Request) -> web.Response:
     rt = ready(request)
-    body: EmbeddingRequest = await read_body(request, EmbeddingRequest)
+    body = await read_body(request, EmbeddingRequest)
     check_model(rt, body.model)
     rank = request_class(request, body.priority, "embedding")
-    raw = body.input
-    if isinstance(raw, str):
-        inputs = [rt.model.tokenize(raw, add_special=True, parse_special=False)]
-    elif raw and all(isinstance(x, int) for x in raw):
-        inputs = [list(raw)]  # type: ignore[arg-type]
-    elif raw and all(isinstance(x, list) for x in raw):
-        inputs = [list(x) for x in raw]  # type: ignore[union-attr]
-    elif raw:
-        inputs = [rt.model.tokenize(x, add_special=True, parse_special=False) for x in raw]
-    else:
-        raise ApiError(400, "input must not be empty", "invalid_value", param="input")
-    if len(inputs) > 2048:
-        raise ApiError(400, "at most 2048 inputs per request", "invalid_value", param="input")
-    stream = AsyncStream()
-    r = Request(prompt=inputs, rank=rank, sink=stream, user=body.user or "anonymous",
-                kind="embed")
-    submit(rt, r)
-    async for ev in stream.events():
-        if ev.kind == "error":
-            raise ApiError(ev.status, ev.message or "embedding failed", "embedding_failed")
-        if ev.kind == "done":
-            data = [{"object": "embedding", "index": i, "embedding": v}
-                    for i, v in enumerate(ev.embedding or [])]
-            n = sum(len(x) for x in inputs)
-            return web.json_response({"object": "list", "data": data, "model": rt.model_id,
-                                      "usage": {"prompt_tokens": n, "total_tokens": n}})
-    raise ApiError(500, "embedding ended without a result")
+    return web.json_response(await embeddings(rt, body.input, rank, body.user))
 
 
+# -- Hearth API --------------------------------------------------------------------------------
 async def queue(request: web.Request) -> web.Response:
     rt = ready(request)
     core = rt.core
-    with core.lock:  # type: ignore[union-attr]
-        state = core.queue_state()  # type: ignore[union-attr]
-        stats = core.stats.snapshot(core.b.now())  # type: ignore[union-attr]
-    return web.json_response({"model": rt.model_id, "policy": rt.settings.policy,
-                              **state, **stats})
+    assert core is not None
+    with core.lock:
+        state = core.queue_state()
+    stats = core.stats.snapshot(core.b.now())
+    jobs = await asyncio.to_thread(request.app[JOBS].store.counts)
+    return web.json_response({"model": rt.model_id, "policy": rt.settings.policy, **state,
+                              **stats, "jobs": jobs})
 
 
+async def create_job(request: web.Request) -> web.Response:
+    body = await read_body(request, JobCreate)
+    validate_job_request(body.kind, body.request)
+    job = await request.app[JOBS].submit(body.kind, body.cls, body.tag, body.request)
+    return web.json_response(job, status=202)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    status = request.query.get("status")
+    if status is not None and status not in STATUSES:
+        raise ApiError(400, f"status must be one of {', '.join(STATUSES)}", "invalid_value",
+                       "status")
+    try:
+        limit = int(request.query.get("limit", "100"))
+    except ValueError as e:
+        raise ApiError(400, "limit must be an integer", "invalid_value", "limit") from e
+    if not 1 <= limit <= 1000:
+        raise ApiError(400, "limit must be 1..1000", "invalid_value", "limit")
+    jobs = await asyncio.to_thread(request.app[JOBS].store.list, status, limit)
+    return web.json_response({"object": "list", "data": jobs})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    job = await asyncio.to_thread(request.app[JOBS].store.get, request.match_info["job_id"])
+    if job is None:
+        raise ApiError(404, "no such job", "job_not_found", "job_id")
+    return web.json_response(job)
+
+
+async def delete_job(request: web.Request) -> web.Response:
+    runner = request.app[JOBS]
+    job_id = request.match_info["job_id"]
+    job = await runner.cancel(job_id)
+    if job is None:
+        job = await asyncio.to_thread(runner.store.get, job_id)
+        if job is None:
+            raise ApiError(404, "no such job", "job_not_found", "job_id")
+    return web.json_response(job)
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Job state changes as SSE. Each event carries its id; a client that reconnects with
+    ``Last-Event-ID`` (or ``?after=``) gets everything it missed, in order."""
+    runner = request.app[JOBS]
+    cursor_s = request.headers.get("Last-Event-ID") or request.query.get("after")
+    try:
+        cursor = int(cursor_s) if cursor_s else await asyncio.to_thread(runner.store.last_event)
+    except ValueError as e:
+        raise ApiError(400, "Last-Event-ID must be an integer", "invalid_value") from e
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(b": hearth events\n\n")
+    while True:
+        for seq, payload in await asyncio.to_thread(runner.store.events_after, cursor):
+            await resp.write(f"id: {seq}\nevent: job\ndata: {payload}\n\n".encode())
+            cursor = seq
+        async with runner.changed:
+            try:
+                await asyncio.wait_for(runner.changed.wait(), KEEPALIVE_S)
+            except TimeoutError:
+                await resp.write(b": keepalive\n\n")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    rt.job_counts = await asyncio.to_thread(request.app[JOBS].store.counts)
+    return web.Response(body=request.app[METRICS].render(),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(build_openapi())
+
+
+# -- the application ---------------------------------------------------------------------------
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY)
     rt = runtime or Runtime(settings)
     app[RUNTIME] = rt
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_get("/v1/queue", queue)
-
-    async def on_startup(app: web.Application) -> None:
-        if rt.state == "loading" and rt.engine is None:
-            rt.start_loading()
-
-    async def on_cleanup(app: web.Application) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, rt.close)
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+    store = JobStore(Path(settings.data_dir) / "jobs.sqlite3")
+    app[JOBS] = JobRunner(store, rt, concurrency=max(2, settings.n_parallel),
+                          retention_s=settings.job_retention_hours * 3600)
+    app[METRICS] = Metrics(rt)
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/v1/models", models)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/embeddings", embeddings_handler)
+    r.add_get("/v1/queue", queue)
+    r.add_post("/v1/jobs", create_job)
+    r.add_get("/v1/jobs", list_jobs)
+    r.add_get("/v1/jobs/{job_id}", get_job)
+    r.add_delete("/v1/jobs/{job_id}", delete_job)
+    r.add_get("/v1/events", events)
+    r.add_get("/metrics", metrics)
+    r.add_get("/openapi.json", openapi)
+    app.on_startup.append(_startup)
+    app.on_shutdown.append(_shutdown)
+    app.on_cleanup.append(_cleanup)
     return app
+
+
+async def _startup(app: web.Application) -> None:
+    rt = app[RUNTIME]
+    if rt.state == "loading" and rt.engine is None:
+        rt.start_loading()
+    await app[JOBS].start()
+    # Announce to the Supervisor once we listen (on_startup runs before the port is bound).
+    app["bg_tasks"] = [asyncio.create_task(_announce_when_listening(app))]
+
+
+async def _announce_when_listening(app: web.Application) -> None:
+    await asyncio.sleep(0.5)
+    settings = app[RUNTIME].settings
+    # HEARTH_SUPERVISOR_URL points tests (or an unusual setup) at another Supervisor.
+    url = os.environ.get("HEARTH_SUPERVISOR_URL", discovery.SUPERVISOR_URL)
+    async with ClientSession() as session:
+        await discovery.announce(settings, session, supervisor_url=url)
+
+
+async def _shutdown(app: web.Application) -> None:
+    for t in app.get("bg_tasks", []):
+        t.cancel()
+    await app[JOBS].stop()
+
+
+async def _cleanup(app: web.Application) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, app[RUNTIME].close)
+    app[JOBS].store.close()

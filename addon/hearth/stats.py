@@ -52,6 +52,7 @@ class Stats:
         self.iterations = 0
         self.aborted_iterations = 0
         self._lock = threading.Lock()  # the engine thread records, HTTP handlers read
+        self.listeners: list = []  # called with each Finished record (e.g. Prometheus)
 
     def _trim(self, now: float) -> None:
         edge = now - self.window_s
@@ -78,6 +79,8 @@ class Stats:
             prompt=r.n_prompt, cached=r.cached_tokens, generated=r.n_generated,
             reason=r.finish_reason))
         self._trim(now)
+        for listener in self.listeners:
+            listener(self.finished[-1])
 
     def record_tokens(self, now: float, generated: int, prompt: int) -> None:
         with self._lock:

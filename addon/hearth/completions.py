@@ -1,0 +1,272 @@
+"""OpenAI chat and text completions on the engine, without HTTP: building the prompt, grammar
+and engine request from a validated body, and turning engine events into OpenAI responses or
+stream chunks. Used by the HTTP handlers and by durable jobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .engine import AsyncStream, RequestError
+from .llama_adapter import json_schema_grammar
+from .prompts import PromptError
+from .requests import Event, Request, SamplingParams
+from .tools import ToolStream, tool_call_schema, wrap_grammar
+
+
+class CompletionError(Exception):
+    """A request that cannot be served; ``status``/``code``/``param`` map onto the OpenAI error
+    shape."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.retry_after = retry_after
+
+
+def sampling_of(body: SamplingFields, grammar: str | None = None) -> SamplingParams:
+    p = SamplingParams(grammar=grammar)
+    for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty"):
+        v = getattr(body, name)
+        if v is not None:
+            setattr(p, name, v)
+    if body.repeat_penalty is None and body.frequency_penalty:
+        p.repeat_penalty = 1.0 + max(0.0, body.frequency_penalty) / 2
+    p.seed = body.seed
+    return p
+
+
+def usage_of(u: dict[str, int] | None) -> dict[str, Any]:
+    u = u or {}
+    return {"prompt_tokens": u.get("prompt_tokens", 0),
+            "completion_tokens": u.get("completion_tokens", 0),
+            "total_tokens": u.get("total_tokens", 0),
+            "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)}}
+
+
+class Completion:
+    """One chat or text completion in flight."""
+
+    def __init__(self, rt: Any, body: ChatCompletionRequest | CompletionRequest, rank: int,
+                 user: str | None = None):
+        self.rt = rt
+        self.body = body
+        self.chat = isinstance(body, ChatCompletionRequest)
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.tools: ToolStream | None = None
+        self.forced_call = False
+        grammar = None
+        if self.chat:
+            tokens, grammar = self._chat_prompt(body)  # type: ignore[arg-type]
+            default_max = rt.settings.max_tokens_default
+            max_tokens = body.max_completion_tokens or body.max_tokens or default_max
+        else:
+            tokens = self._text_prompt(body)  # type: ignore[arg-type]
+            max_tokens = body.max_tokens or 16
+        self.stream = AsyncStream()
+        self.request = Request(
+            prompt=tokens, rank=rank, sink=self.stream,
+            user=user or body.user or "anonymous", max_tokens=max_tokens, stop=body.stops(),
+            ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar))
+
+    # -- building --------------------------------------------------------------------------
+    def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
+        rt = self.rt
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        choice = body.tool_choice
+        if choice == "none":
+            tools = None
+        grammar = None
+        if tools:
+            names = {t["function"]["name"] for t in tools}
+            only = None
+            if isinstance(choice, dict):
+                only = (choice.get("function") or {}).get("name")
+                if only not in names:
+                    raise CompletionError(400, f"tool_choice names an unknown function "
+                                               f"{only!r}", "invalid_tool_choice", "tool_choice")
+            elif choice not in (None, "auto", "required"):
+                raise CompletionError(400, "tool_choice must be none, auto, required or "
+                                           "{type: function, function: {name}}",
+                                      "invalid_tool_choice", "tool_choice")
+            if choice == "required" or only:
+                self.forced_call = True
+                try:
+                    schema_grammar = json_schema_grammar(tool_call_schema(tools, only))
+                except ValueError as e:
+                    raise CompletionError(400, f"invalid tool parameters schema: {e}",
+                                          "invalid_tools", "tools") from e
+                grammar = wrap_grammar(schema_grammar, "<tool_call>", "</tool_call>")
+            self.tools = ToolStream(names)
+        elif choice not in (None, "none", "auto"):
+            raise CompletionError(400, "tool_choice given without tools", "invalid_tool_choice",
+                                  "tool_choice")
+        fmt = body.response_format
+        if fmt is not None and fmt.type != "text" and grammar is None:
+            if fmt.type == "json_object":
+                schema: dict[str, Any] = {"type": "object"}
+            else:
+                js = fmt.json_schema or {}
+                schema = js.get("schema") if isinstance(js.get("schema"), dict) else None
+                if schema is None:
+                    raise CompletionError(400, "response_format.json_schema.schema must be a "
+                                               "JSON schema object", "invalid_response_format",
+                                          "response_format")
+            try:
+                grammar = json_schema_grammar(schema)
+            except ValueError as e:
+                raise CompletionError(400, str(e), "invalid_response_format",
+                                      "response_format") from e
+        try:
+            text = rt.formatter.render([m.model_dump(exclude_none=True) for m in body.messages],
+                                       tools=tools)
+        except PromptError as e:
+            raise CompletionError(400, str(e), "invalid_messages", "messages") from e
+        return rt.tokenize_prompt(text), grammar
+
+    def _text_prompt(self, body: CompletionRequest) -> list[int]:
+        prompt = body.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise CompletionError(400, "exactly one prompt per request", "invalid_value",
+                                      "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise CompletionError(400, "prompt must not be empty", "invalid_value", "prompt")
+        return self.rt.model.tokenize(prompt, add_special=True, parse_special=False)
+
+    # -- running ---------------------------------------------------------------------------
+    def submit(self) -> None:
+        try:
+            self.rt.engine.submit(self.request)
+        except RequestError as e:
+            raise CompletionError(e.status, str(e), e.code, None, e.retry_after) from e
+
+    def cancel(self) -> None:
+        if not self.request.finished:
+            self.rt.engine.cancel(self.request.id)
+
+    def _content(self, ev: Event) -> str:
+        return self.tools.feed(ev.text) if self.tools else ev.text
+
+    async def result(self) -> dict[str, Any]:
+        """The whole (non-streamed) response object."""
+        parts: list[str] = []
+        done: Event | None = None
+        async for ev in self.stream.events():
+            if ev.kind == "token":
+                parts.append(self._content(ev))
+            elif ev.kind == "error":
+                raise CompletionError(ev.status, ev.message or "generation failed",
+                                      "generation_failed")
+            else:
+                done = ev
+        assert done is not None
+        calls: list[dict[str, Any]] = []
+        if self.tools:
+            rest, calls = self.tools.finish()
+            parts.append(rest)
+        content = "".join(parts)
+        finish = "tool_calls" if calls else done.finish_reason
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if calls:
+                msg["tool_calls"] = calls
+            else:
+                msg["content"] = content
+            choice["message"] = msg
+        else:
+            choice["text"] = content
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.rt.model_id, "choices": [choice],
+                "usage": usage_of(done.usage), "hearth": done.timing}
+
+    def _chunk(self, delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            c["delta"] = delta
+        else:
+            c["text"] = delta
+        return {"id": self.id, "created": self.created, "model": self.rt.model_id,
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "choices": [c]}
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """Stream chunks in OpenAI's shape (the caller adds ``data: [DONE]``)."""
+        if self.chat:
+            yield self._chunk({"role": "assistant", "content": ""}, None)
+        async for ev in self.stream.events():
+            if ev.kind == "token":
+                text = self._content(ev)
+                if text:
+                    yield self._chunk({"content": text} if self.chat else text, None)
+            elif ev.kind == "error":
+                yield {"error": {"message": ev.message, "type": "server_error",
+                                 "code": "generation_failed"}}
+            else:
+                finish = ev.finish_reason
+                if self.tools:
+                    rest, calls = self.tools.finish()
+                    if rest:
+                        yield self._chunk({"content": rest}, None)
+                    for i, call in enumerate(calls):
+                        yield self._chunk({"tool_calls": [{"index": i, **call}]}, None)
+                    if calls:
+                        finish = "tool_calls"
+                yield self._chunk({} if self.chat else "", finish)
+                opts = getattr(self.body, "stream_options", None)
+                if opts is not None and opts.include_usage:
+                    usage = self._chunk({}, None)
+                    usage["choices"] = []
+                    usage["usage"] = usage_of(ev.usage)
+                    yield usage
+
+
+def embedding_inputs(rt: Any, raw: Any) -> list[list[int]]:
+    """OpenAI ``input``: a string, strings, a token list, or token lists."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not raw:
+        raise CompletionError(400, "input must not be empty", "invalid_value", "input")
+    if all(isinstance(x, int) for x in raw):
+        inputs = [list(raw)]
+    elif all(isinstance(x, list) for x in raw):
+        inputs = [list(x) for x in raw]
+    else:
+        inputs = [rt.model.tokenize(x, add_special=True, parse_special=False) for x in raw]
+    if len(inputs) > 2048:
+        raise CompletionError(400, "at most 2048 inputs per request", "invalid_value", "input")
+    if any(not x for x in inputs):
+        raise CompletionError(400, "an input is empty", "invalid_value", "input")
+    vocab = rt.model.n_vocab
+    if any(not 0 <= t < vocab for x in inputs for t in x):
+        raise CompletionError(400, "a token id is outside the vocabulary", "invalid_value",
+                              "input")
+    return inputs
+
+
+async def embeddings(rt: Any, raw: Any, rank: int, user: str | None) -> dict[str, Any]:
+    inputs = embedding_inputs(rt, raw)
+    stream = AsyncStream()
+    r = Request(prompt=inputs, rank=rank, sink=stream, user=user or "anonymous", kind="embed")
+    try:
+        rt.engine.submit(r)
+    except RequestError as e:
+        raise CompletionError(e.status, str(e), e.code, "input", e.retry_after) from e
+    async for ev in stream.events():
+        if ev.kind == "error":
+            raise CompletionError(ev.status, ev.message or "embedding failed",
+                                  "embedding_failed")
+        if ev.kind == "done":
+            data = [{"object": "embedding", "index": i, "embedding": v}
+                    for i, v in enumerate(ev.embedding or [])]
+            n = sum(len(x) for x in inputs)
+            return {"object": "list", "data": data, "model": rt.model_id,
+                    "usage": {"prompt_tokens": n, "total_tokens": n}}
+    raise CompletionError(500, "embedding ended without a result", "embedding_failed")

@@ -1,0 +1,107 @@
+"""Prometheus exposition with prometheus-client: latency histograms per class, observed as
+requests finish, and gauges/counters read from the engine at scrape time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .stats import Finished
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10, 20, 40,
+                    80, 160)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self, rt: Any):
+        self.rt = rt
+        self.registry = CollectorRegistry()
+        labels = ["class"]
+        self.ttft = Histogram("hearth_time_to_first_token_seconds",
+                              "Arrival to first token, queue included", labels,
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("hearth_inter_token_latency_seconds", "Gap between streamed tokens",
+                             labels, buckets=_ITL_BUCKETS, registry=self.registry)
+        self.queue = Histogram("hearth_queue_time_seconds", "Arrival to first admission",
+                               labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("hearth_e2e_request_latency_seconds", "Arrival to last token",
+                             labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_EngineCollector(rt))
+        self._attached = False
+
+    def attach(self) -> None:
+        """Start observing finished requests (once the engine exists)."""
+        if not self._attached and self.rt.core is not None:
+            self.rt.core.stats.listeners.append(self.observe)
+            self._attached = True
+
+    def observe(self, f: Finished) -> None:
+        if f.ttft is not None:
+            self.ttft.labels(f.cls).observe(f.ttft)
+        if f.queue is not None:
+            self.queue.labels(f.cls).observe(f.queue)
+        self.e2e.labels(f.cls).observe(f.e2e)
+        h = self.itl.labels(f.cls)
+        for gap in f.itl:
+            h.observe(gap)
+
+    def render(self) -> bytes:
+        self.attach()
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    def __init__(self, rt: Any):
+        self.rt = rt
+
+    def collect(self):
+        core = self.rt.core
+        up = GaugeMetricFamily("hearth_up", "1 when the model is loaded and serving")
+        up.add_metric([], 1.0 if self.rt.state == "ready" else 0.0)
+        yield up
+        if core is None:
+            return
+        with core.lock:
+            q = core.queue_state()
+            snap = core.stats.snapshot(core.b.now())
+        waiting = GaugeMetricFamily("hearth_requests_waiting", "Requests waiting", labels=["class"])
+        running = GaugeMetricFamily("hearth_requests_running", "Sequences running",
+                                    labels=["class"])
+        done = CounterMetricFamily("hearth_requests_completed", "Requests completed",
+                                   labels=["class"])
+        rejected = CounterMetricFamily("hearth_requests_rejected", "Requests refused (429)",
+                                       labels=["class"])
+        preempted = CounterMetricFamily("hearth_preemptions", "Sequences preempted",
+                                        labels=["class"])
+        for cls, n in q["waiting"].items():
+            waiting.add_metric([cls], n)
+            running.add_metric([cls], q["running"][cls])
+            c = snap["classes"][cls]
+            done.add_metric([cls], c["completed"])
+            rejected.add_metric([cls], c["rejected"])
+            preempted.add_metric([cls], c["preempted"])
+        yield from (waiting, running, done, rejected, preempted)
+        kv = GaugeMetricFamily("hearth_kv_cache_usage_ratio", "Share of KV cells in use")
+        kv.add_metric([], q["kv"]["use"])
+        hit = GaugeMetricFamily("hearth_prefix_cache_hit_rate", "Prompt tokens served from the "
+                                "prefix cache / prompt tokens looked up")
+        hit.add_metric([], q["prefix_cache"]["token_hit_rate"])
+        tps = GaugeMetricFamily("hearth_generation_tokens_per_second", "Generated tokens/s "
+                                "over the last 10 s")
+        tps.add_metric([], snap["tokens_per_s"])
+        gen = CounterMetricFamily("hearth_generation_tokens", "Tokens generated")
+        gen.add_metric([], snap["generated_tokens_total"])
+        prompt = CounterMetricFamily("hearth_prompt_tokens", "Prompt tokens computed")
+        prompt.add_metric([], snap["prompt_tokens_total"])
+        yield from (kv, hit, tps, gen, prompt)
+        jobs = getattr(self.rt, "job_counts", None)
+        if jobs:
+            g = GaugeMetricFamily("hearth_jobs", "Durable jobs by status", labels=["status"])
+            for status, n in jobs.items():
+                g.add_metric([status], n)
+            yield g

@@ -1,0 +1,156 @@
+"""Tool calls: parsing them out of model output, and grammars that force a valid one.
+
+Two output styles are understood:
+
+- Hermes/Qwen: ``<tool_call>{"name": "f", "arguments": {...}}</tool_call>`` (any number, text
+  before them is content). Hearth's tools-in-system-prompt fallback asks for this style.
+- Llama 3.x JSON: the whole answer is ``{"name": "f", "parameters": {...}}`` (optionally after
+  ``<|python_tag|>``; several separated by ``;`` or newlines).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def _call(name: str, args: Any) -> dict[str, Any]:
+    if not isinstance(args, str):
+        args = json.dumps(args if args is not None else {}, ensure_ascii=False)
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": name, "arguments": args}}
+
+
+def _as_call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return _call(obj["name"], args)
+
+
+def _json_objects(text: str) -> list[Any] | None:
+    """Consecutive JSON values in ``text`` separated by whitespace or ';', or None."""
+    dec = json.JSONDecoder()
+    out, i, n = [], 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n;":
+            i += 1
+        if i >= n:
+            return out
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except ValueError:
+            return None
+        out.append(obj)
+
+
+def parse_tool_calls(text: str, names: set[str] | None = None
+                     ) -> tuple[str, list[dict[str, Any]]]:
+    """Split model output into (content, tool_calls). Unparseable calls stay content."""
+    if OPEN in text:
+        calls = []
+        for m in _HERMES.finditer(text):
+            try:
+                obj = json.loads(m.group(1))
+            except ValueError:
+                return text, []
+            call = _as_call(obj, names)
+            if call is None:
+                return text, []
+            calls.append(call)
+        content = _HERMES.sub("", text).strip()
+        return content, calls
+    body = text.strip()
+    if body.startswith(PYTHON_TAG):
+        body = body[len(PYTHON_TAG):]
+    if body.startswith("{"):
+        objs = _json_objects(body)
+        if objs:
+            calls = [_as_call(o, names) for o in objs]
+            if all(c is not None for c in calls):
+                return "", calls  # type: ignore[return-value]
+    return text, []
+
+
+class ToolStream:
+    """Streams content while watching for tool calls: text before a call streams at once;
+    from the first sign of a call the rest is held and parsed when generation ends."""
+
+    def __init__(self, names: set[str] | None):
+        self.names = names
+        self.held = ""
+        self.capturing = False
+        self.seen_text = False
+
+    def feed(self, text: str) -> str:
+        if self.capturing:
+            self.held += text
+            return ""
+        buf, self.held = self.held + text, ""
+        if not self.seen_text:
+            lead = buf.lstrip()
+            if lead.startswith(("{", PYTHON_TAG, OPEN)):
+                self.capturing = True  # the answer opens as a call (JSON style or Hermes)
+                self.held = buf
+                return ""
+            if not lead or PYTHON_TAG.startswith(lead) or OPEN.startswith(lead):
+                self.held = buf  # may still become a marker
+                return ""
+            self.seen_text = True
+        at = buf.find(OPEN)
+        if at >= 0:
+            self.capturing = True
+            self.held = buf[at:]
+            return buf[:at]
+        keep = 0  # a tail that may still grow into <tool_call>
+        for k in range(min(len(OPEN) - 1, len(buf)), 0, -1):
+            if buf.endswith(OPEN[:k]):
+                keep = k
+                break
+        self.held = buf[len(buf) - keep:]
+        return buf[: len(buf) - keep]
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """(remaining content, tool calls) once generation has ended."""
+        held, self.held = self.held, ""
+        if not held:
+            return "", []
+        return parse_tool_calls(held, self.names)
+
+
+# -- grammars -------------------------------------------------------------------------------
+def tool_call_schema(tools: list[dict[str, Any]], only: str | None = None) -> dict[str, Any]:
+    """JSON schema of one call: ``{"name": <one of the tools>, "arguments": <its params>}``."""
+    variants = []
+    for t in tools:
+        fn = t.get("function", t)
+        if only is not None and fn["name"] != only:
+            continue
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        variants.append({"type": "object",
+                         "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                         "required": ["name", "arguments"]})
+    if not variants:
+        raise ValueError(f"tool_choice names an unknown function {only!r}")
+    return variants[0] if len(variants) == 1 else {"oneOf": variants}
+
+
+def wrap_grammar(gbnf: str, prefix: str, suffix: str) -> str:
+    """Rename a grammar's root to ``body`` and put literal text around it."""
+    renamed = re.sub(r"^root\s*::=", "body ::=", gbnf, flags=re.M)
+    return f"root ::= {json.dumps(prefix)} body {json.dumps(suffix)}\n{renamed}"
