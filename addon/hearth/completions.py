@@ -16,6 +16,18 @@ from .prompts import PromptError
 from .requests import Event, Request, SamplingParams
 from .tools import ToolStream, tool_call_schema, wrap_grammar
 
+# ``response_format: json_object``: a flat object of at most six short keys and values. Any JSON
+# object grammar lets a small model nest or repeat keys until max_tokens cuts it mid-document;
+# this one always closes in time. Richer shapes: use json_schema.
+JSON_OBJECT_GRAMMAR = r"""root ::= "{" ws (pair ("," ws pair){0,5})? ws "}"
+pair ::= key ws ":" ws value
+key ::= "\"" [a-zA-Z_] [a-zA-Z0-9_]{0,31} "\""
+value ::= str | num | "true" | "false" | "null"
+str ::= "\"" [^"\\\x7F\x00-\x1F]{0,80} "\""
+num ::= "-"? [0-9]{1,12} ("." [0-9]{1,6})?
+ws ::= " "?
+"""
+
 
 class CompletionError(Exception):
     """A request that cannot be served; ``status``/``code``/``param`` map onto the OpenAI error
@@ -76,7 +88,6 @@ class Completion:
 
     # -- building --------------------------------------------------------------------------
     def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
-        rt = self.rt
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         choice = body.tool_choice
         if choice == "none":
@@ -107,27 +118,28 @@ class Completion:
             raise CompletionError(400, "tool_choice given without tools", "invalid_tool_choice",
                                   "tool_choice")
         fmt = body.response_format
-        if fmt is not None and fmt.type != "text" and grammar is None:
-            if fmt.type == "json_object":
-                schema: dict[str, Any] = {"type": "object"}
-            else:
-                js = fmt.json_schema or {}
-                schema = js.get("schema") if isinstance(js.get("schema"), dict) else None
-                if schema is None:
-                    raise CompletionError(400, "response_format.json_schema.schema must be a "
-                                               "JSON schema object", "invalid_response_format",
-                                          "response_format")
+        if fmt is not None and fmt.type == "json_object" and grammar is None:
+            grammar = JSON_OBJECT_GRAMMAR
+        elif fmt is not None and fmt.type == "json_schema" and grammar is None:
+            schema = (fmt.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise CompletionError(400, "response_format.json_schema.schema must be a JSON "
+                                           "schema object", "invalid_response_format",
+                                      "response_format")
             try:
                 grammar = json_schema_grammar(schema)
             except ValueError as e:
                 raise CompletionError(400, str(e), "invalid_response_format",
                                       "response_format") from e
+        return self._render(body, tools), grammar
+
+    def _render(self, body: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
         try:
-            text = rt.formatter.render([m.model_dump(exclude_none=True) for m in body.messages],
-                                       tools=tools)
+            text = self.rt.formatter.render(
+                [m.model_dump(exclude_none=True) for m in body.messages], tools=tools)
         except PromptError as e:
             raise CompletionError(400, str(e), "invalid_messages", "messages") from e
-        return rt.tokenize_prompt(text), grammar
+        return self.rt.tokenize_prompt(text)
 
     def _text_prompt(self, body: CompletionRequest) -> list[int]:
         prompt = body.prompt

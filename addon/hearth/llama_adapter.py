@@ -337,6 +337,8 @@ def json_schema_grammar(schema: dict) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter raises assorted types on bad schemas
         raise ValueError(f"unsupported JSON schema: {e}") from e
+    # Strict JSON forbids raw control characters inside strings; this converter allows them.
+    return gbnf.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')

@@ -32,13 +32,7 @@ class Metrics:
         self.e2e = Histogram("hearth_e2e_request_latency_seconds", "Arrival to last token",
                              labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineCollector(rt))
-        self._attached = False
-
-    def attach(self) -> None:
-        """Start observing finished requests (once the engine exists)."""
-        if not self._attached and self.rt.core is not None:
-            self.rt.core.stats.listeners.append(self.observe)
-            self._attached = True
+        rt.stats.listeners.append(self.observe)
 
     def observe(self, f: Finished) -> None:
         if f.ttft is not None:
@@ -51,7 +45,6 @@ class Metrics:
             h.observe(gap)
 
     def render(self) -> bytes:
-        self.attach()
         return generate_latest(self.registry)
 
 

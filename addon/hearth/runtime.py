@@ -33,6 +33,7 @@ class Runtime:
         self.model_path: Path | None = None
         self._thread: threading.Thread | None = None
         self.job_counts: dict[str, int] | None = None  # refreshed by /metrics
+        self.stats = Stats()  # exists before the engine, so observers can subscribe early
 
     def start_loading(self) -> None:
         self._thread = threading.Thread(target=self._load_safely, name="hearth-load",
@@ -76,7 +77,7 @@ class Runtime:
             EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
                          relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
                          prefix_cache_entries=entries, max_queue=s.max_queue),
-            Stats())
+            self.stats)
         core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
         specials = model.special_tokens()
         self.formatter = ChatFormatter(model.chat_template(), specials.get("bos_token", ""),

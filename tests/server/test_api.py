@@ -1,0 +1,237 @@
+"""The OpenAI-compatible API and the Hearth API, over HTTP against the real server."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+TOOLS = [{"type": "function", "function": {
+    "name": "HassTurnOn", "description": "Turns on a device or entity",
+    "parameters": {"type": "object", "properties": {"name": {"type": "string"},
+                                                     "area": {"type": "string"}},
+                   "required": ["name"]}}}]
+
+
+def sse(url: str, body: dict, headers: dict | None = None) -> list:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    events = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+    return events
+
+
+def test_health_and_models(server):
+    status, body = server.get("/health")
+    assert status == 200 and body["status"] == "ready"
+    assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
+    status, body = server.get("/v1/models")
+    assert status == 200 and body["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_chat_completion_with_the_official_client(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    out = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", temperature=0, max_tokens=12,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hello!"}]}])
+    assert out.choices[0].message.content
+    assert out.usage.completion_tokens <= 12 and out.usage.prompt_tokens > 5
+    chunks = list(client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", temperature=0, max_tokens=12, stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Hello!"}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == out.choices[0].message.content  # greedy: streamed == whole
+    assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # same prompt again
+
+
+def test_stream_ends_with_done_and_respects_stop_and_ignore_eos(server):
+    events = sse(server.url + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+        "temperature": 0, "max_tokens": 80, "stream": True, "stop": ["5"]})
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert "5" not in text and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    status, body = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40,
+        "ignore_eos": True, "temperature": 0.7, "seed": 3})
+    assert status == 200 and body["usage"]["completion_tokens"] == 40
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_text_completion(server):
+    status, body = server.post("/v1/completions", {"prompt": "The capital of France is",
+                                                   "max_tokens": 5, "temperature": 0})
+    assert status == 200 and body["object"] == "text_completion"
+    assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] <= 5
+
+
+def test_embeddings(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    out = client.embeddings.create(model="hearth", input=["kitchen light", "kitchen lamp",
+                                                          "income tax"])
+    v = [d.embedding for d in out.data]
+    assert len(v) == 3 and len(v[0]) == 576
+
+    def cos(a, b):
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    assert cos(v[0], v[1]) > cos(v[0], v[2])
+
+
+def test_grammar_forced_tool_call(server):
+    status, body = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Turn on the kitchen light"}],
+        "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 80})
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]
+    assert call["type"] == "function" and call["function"]["name"] == "HassTurnOn"
+    assert isinstance(json.loads(call["function"]["arguments"])["name"], str)
+
+
+def test_named_tool_call_streams_as_deltas(server):
+    events = sse(server.url + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Switch on the hall lamp"}],
+        "tools": TOOLS, "stream": True, "max_tokens": 80, "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "HassTurnOn"}}})
+    chunks = [json.loads(e) for e in events[:-1]]
+    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert calls and calls[0]["function"]["name"] == "HassTurnOn"
+    json.loads(calls[0]["function"]["arguments"])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_json_schema_answer(server):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                                "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    status, body = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Invent a person."}], "temperature": 0,
+        "max_tokens": 60, "response_format": {"type": "json_schema",
+                                              "json_schema": {"name": "p", "schema": schema}}})
+    assert status == 200
+    data = json.loads(body["choices"][0]["message"]["content"])
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
+    status, body = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Say anything as JSON."}], "temperature": 0,
+        "max_tokens": 120, "response_format": {"type": "json_object"}})
+    assert status == 200 and isinstance(json.loads(body["choices"][0]["message"]["content"]),
+                                        dict)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (b"{not json", None),
+    ({"messages": "hello"}, "messages"),
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "x"}], "priority": "urgent"}, "priority"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+                                                                "function": {"name": ""}}]},
+     "tools.0.function.name"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
+     "response_format"),
+])
+def test_bad_requests_are_400_in_the_openai_shape(server, body, param):
+    status, out = server.post("/v1/chat/completions", body)
+    assert status == 400
+    err = out["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param:
+        assert err["param"] == param
+    status, _ = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "ok?"}], "max_tokens": 2})
+    assert status == 200  # the next valid request still succeeds
+
+
+def test_other_error_statuses(server):
+    status, out = server.post("/v1/chat/completions", {
+        "model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})
+    assert status == 404 and out["error"]["code"] == "model_not_found"
+    status, out = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "word " * 9000}]})
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded"
+    status, out = server.post("/v1/chat/completions", b"\xff\xfe{}")
+    assert status == 400 and out["error"]["code"] == "invalid_utf8"
+    status, out = server.post("/v1/chat/completions", b"x" * (9 * 1024 * 1024))
+    assert status == 413 and out["error"]["code"] == "body_too_large"
+    assert server.get("/v1/jobs/job_nope")[0] == 404
+
+
+def test_class_header_and_priority_reach_the_per_class_counts(server):
+    _, before = server.get("/v1/queue")
+    server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
+                                         "max_tokens": 2}, headers={"X-Hearth-Class": "agent"})
+    server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "b"}],
+                                         "max_tokens": 2, "priority": 0})
+    _, after = server.get("/v1/queue")
+    assert after["classes"]["agent"]["completed"] == before["classes"]["agent"]["completed"] + 1
+    assert after["classes"]["voice"]["completed"] == before["classes"]["voice"]["completed"] + 1
+
+
+def test_queue_document(server):
+    server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                         "max_tokens": 4, "user": "alice"})
+    status, q = server.get("/v1/queue")
+    assert status == 200
+    for cls in ("voice", "chat", "agent", "background", "embedding"):
+        c = q["classes"][cls]
+        assert {"completed", "rejected", "queue_ms", "ttft_ms", "itl_ms", "e2e_ms"} <= set(c)
+        assert q["waiting"][cls] >= 0 and q["running"][cls] >= 0
+    assert q["classes"]["chat"]["ttft_ms"]["p95"] > 0
+    assert 0 <= q["kv"]["use"] <= 1 and "hit_rate" in q["prefix_cache"]
+    assert "alice" in q["users"] and 0 < q["users"]["alice"]["share"] <= 1
+    assert set(q["jobs"]) == {"queued", "running", "done", "failed", "cancelled"}
+
+
+def test_metrics_and_openapi(server):
+    server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                         "max_tokens": 3})
+    with urllib.request.urlopen(server.url + "/metrics") as r:
+        text = r.read().decode()
+    assert 'hearth_time_to_first_token_seconds_bucket{class="chat"' in text
+    assert "hearth_requests_running" in text and "hearth_kv_cache_usage_ratio" in text
+    status, spec = server.get("/openapi.json")
+    assert status == 200 and spec["openapi"].startswith("3.")
+    assert "/v1/chat/completions" in spec["paths"] and "ChatCompletionRequest" in \
+        spec["components"]["schemas"]
+
+
+def test_client_disconnect_cancels_and_frees_the_sequence(server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", json.dumps({
+        "messages": [{"role": "user", "content": "Write a long story."}], "stream": True,
+        "max_tokens": 2000, "ignore_eos": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.readline()
+    resp.readline()
+    conn.sock.shutdown(2)
+    conn.close()
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, q = server.get("/v1/queue")
+        if sum(q["running"].values()) == 0 and q["kv"]["used_by_running"] == 0:
+            break
+        time.sleep(0.2)
+    assert sum(q["running"].values()) == 0 and q["kv"]["used_by_running"] == 0
+    assert q["classes"]["chat"]["completed"] >= 1
