@@ -177,7 +177,8 @@ class EngineCore:
         if self.policy.cfg.mode != "hearth" or r.rank != VOICE_RANK or self._inflight is None:
             return
         best_rank, prefill_tokens = self._inflight
-        if prefill_tokens >= self.b.n_ubatch and best_rank > r.rank:
+        # Cutting costs the unfinished micro-batch; only worth it for a real prefill chunk.
+        if prefill_tokens >= self.cfg.min_prefill_chunk and best_rank > r.rank:
             self.b.request_abort()
 
     def calibrate(self, token: int, rounds: int = 2) -> None:
