@@ -33,7 +33,7 @@ def init_backend(verbose: bool = False) -> None:
             return
         if verbose:
             def forward(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
-                log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+                log.info("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
         else:
             def forward(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
                 return None

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 RUNTIME = web.AppKey("runtime", Runtime)
 JOBS = web.AppKey("jobs", JobRunner)
 METRICS = web.AppKey("metrics", Metrics)
+CLOSING = web.AppKey("closing", asyncio.Event)
 MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = {"/health"}
 KEEPALIVE_S = 15.0
@@ -252,16 +253,22 @@ async def events(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    await resp.write(b": hearth events\n\n")
-    while True:
-        for seq, payload in await asyncio.to_thread(runner.store.events_after, cursor):
-            await resp.write(f"id: {seq}\nevent: job\ndata: {payload}\n\n".encode())
-            cursor = seq
-        async with runner.changed:
-            try:
-                await asyncio.wait_for(runner.changed.wait(), KEEPALIVE_S)
-            except TimeoutError:
-                await resp.write(b": keepalive\n\n")
+    try:
+        await resp.write(b": hearth events\n\n")
+        while not request.app[CLOSING].is_set():
+            for seq, payload in await asyncio.to_thread(runner.store.events_after, cursor):
+                await resp.write(f"id: {seq}\nevent: job\ndata: {payload}\n\n".encode())
+                cursor = seq
+            if request.transport is None or request.transport.is_closing():
+                break  # the client left
+            async with runner.changed:
+                try:
+                    await asyncio.wait_for(runner.changed.wait(), KEEPALIVE_S)
+                except TimeoutError:
+                    await resp.write(b": keepalive\n\n")
+    except ConnectionResetError:
+        pass  # the client left mid-write
+    return resp
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -284,6 +291,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[JOBS] = JobRunner(store, rt, concurrency=max(2, settings.n_parallel),
                           retention_s=settings.job_retention_hours * 3600)
     app[METRICS] = Metrics(rt)
+    app[CLOSING] = asyncio.Event()
     r = app.router
     r.add_get("/health", health)
     r.add_get("/v1/models", models)
@@ -323,6 +331,8 @@ async def _announce_when_listening(app: web.Application) -> None:
 
 
 async def _shutdown(app: web.Application) -> None:
+    app[CLOSING].set()  # event streams end instead of holding the shutdown
+    await app[JOBS].notify()
     for t in app.get("bg_tasks", []):
         t.cancel()
     await app[JOBS].stop()

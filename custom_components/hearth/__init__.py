@@ -10,12 +10,14 @@ from homeassistant.const import CONF_API_KEY, CONF_URL, Platform
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import ConfigEntryAuthFailed, ConfigEntryNotReady
 from homeassistant.helpers import config_validation as cv
+from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
 
 from .api import CannotConnect, HearthClient, HearthError, InvalidAuth
 from .const import DOMAIN, LOGGER
 from .coordinator import HearthQueueCoordinator
+from .entity import server_device_info
 from .jobs import HearthJobWatcher
 from .services import async_setup_services
 
@@ -37,11 +39,6 @@ class HearthData:
     coordinator: HearthQueueCoordinator
     jobs: HearthJobWatcher
     health: dict[str, Any]
-
-    @property
-    def model(self) -> str | None:
-        """Return the id of the model the server serves."""
-        return self.health.get("model")
 
 
 HearthConfigEntry = ConfigEntry[HearthData]
@@ -72,6 +69,10 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
 
     jobs = HearthJobWatcher(hass, entry, client)
     entry.runtime_data = HearthData(client, coordinator, jobs, health)
+    # The server's device first: the agents' devices hang off it (via_device).
+    dr.async_get(hass).async_get_or_create(
+        config_entry_id=entry.entry_id, **server_device_info(entry)
+    )
 
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
     jobs.async_start()

@@ -52,19 +52,14 @@ def request_class_for(
     return "chat"
 
 
-def fairness_key_for(
-    request_class: str, user_input: conversation.ConversationInput
-) -> str | None:
-    """Whose turn this is for the server's fair share: the satellite or device for voice,
+def fairness_key_for(user_input: conversation.ConversationInput) -> str | None:
+    """Whose turn this is for the server's fair share: the satellite (or device) it came from,
     otherwise the Home Assistant user."""
-    user_id = user_input.context.user_id if user_input.context else None
-    if request_class == "voice":
-        return (
-            getattr(user_input, "satellite_id", None)
-            or getattr(user_input, "device_id", None)
-            or user_id
-        )
-    return user_id
+    return (
+        getattr(user_input, "satellite_id", None)
+        or getattr(user_input, "device_id", None)
+        or (user_input.context.user_id if user_input.context else None)
+    )
 
 
 class HearthConversationEntity(
@@ -120,6 +115,6 @@ class HearthConversationEntity(
         await self._async_handle_chat_log(
             chat_log,
             request_class=request_class,
-            user=fairness_key_for(request_class, user_input),
+            user=fairness_key_for(user_input),
         )
         return conversation.async_get_result_from_chat_log(user_input, chat_log)

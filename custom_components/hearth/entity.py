@@ -283,12 +283,11 @@ class HearthBaseLLMEntity(Entity):
                 for tool in chat_log.llm_api.tools
             ]
 
+        # No "model": the server serves one model, so swapping it needs no reconfiguration.
         body: dict[str, Any] = {
             "max_tokens": int(max_tokens or options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
             "priority": request_class,
         }
-        if data.model:
-            body["model"] = data.model
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
@@ -310,10 +309,12 @@ class HearthBaseLLMEntity(Entity):
                     {**body, "messages": messages}, request_class
                 )
                 messages.extend(
-                    convert_content(content)
-                    async for content in chat_log.async_add_delta_content_stream(
-                        self.entity_id, transform_stream(stream)
-                    )
+                    [
+                        convert_content(content)
+                        async for content in chat_log.async_add_delta_content_stream(
+                            self.entity_id, transform_stream(stream)
+                        )
+                    ]
                 )
             except InvalidAuth as err:
                 self.entry.async_start_reauth(self.hass)

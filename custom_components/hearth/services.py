@@ -141,8 +141,6 @@ async def _async_submit_job(call: ServiceCall) -> ServiceResponse:
             messages.append({"role": "system", "content": instructions})
         messages.extend(dict(message) for message in call.data[ATTR_MESSAGES])
     request: dict[str, Any] = {"messages": messages}
-    if data.model:
-        request["model"] = data.model
     if ATTR_MAX_TOKENS in call.data:
         request["max_tokens"] = call.data[ATTR_MAX_TOKENS]
     if call.context.user_id:

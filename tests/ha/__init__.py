@@ -1,0 +1,1 @@
+"""Tests of the Hearth integration inside a real Home Assistant."""

@@ -1,0 +1,454 @@
+"""Fixtures for the Hearth integration's tests inside a real Home Assistant.
+
+``custom_components`` is imported here, before Home Assistant's test plugin mounts its own test
+config directory (which holds a ``custom_components`` package of its own), so the loader finds the
+Hearth integration of this repository.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+for _path in (ROOT, ROOT / "tests"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import pytest  # noqa: E402
+import pytest_socket  # noqa: E402
+from aiohttp import web  # noqa: E402
+from hearth_server import HearthServer  # noqa: E402
+from homeassistant.const import CONF_API_KEY, CONF_LLM_HASS_API, CONF_URL  # noqa: E402
+from homeassistant.core import HomeAssistant  # noqa: E402
+from homeassistant.helpers import entity_registry as er  # noqa: E402
+from homeassistant.setup import async_setup_component  # noqa: E402
+from pytest_homeassistant_custom_component.common import MockConfigEntry  # noqa: E402
+
+import custom_components  # noqa: E402, F401  (must come before Home Assistant's test config)
+from custom_components.hearth.const import (  # noqa: E402
+    CONF_CLASS_POLICY,
+    CONF_MAX_HISTORY,
+    CONF_MAX_TOKENS,
+    CONF_PROMPT,
+    CONF_REQUEST_CLASS,
+    CONF_TEMPERATURE,
+    DOMAIN,
+)
+
+API_KEY = "hearth-test-key"
+
+# Small answers keep the real model fast on two CPU cores.
+CONVERSATION_OPTIONS: dict[str, Any] = {
+    CONF_PROMPT: "You are a helpful assistant. Answer in one short sentence.",
+    CONF_MAX_TOKENS: 24,
+    CONF_TEMPERATURE: 0.0,
+    CONF_MAX_HISTORY: 4,
+    CONF_CLASS_POLICY: "auto",
+}
+AI_TASK_OPTIONS: dict[str, Any] = {CONF_REQUEST_CLASS: "background", CONF_MAX_TOKENS: 64}
+
+
+@pytest.fixture(autouse=True)
+async def setup_core(hass: HomeAssistant, enable_custom_integrations: None) -> None:
+    """Let Home Assistant load the integration from this repository, with its core
+    component set up first (conversation needs it)."""
+    assert await async_setup_component(hass, "homeassistant", {})
+
+
+@pytest.fixture(scope="session")
+def hearth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HearthServer]:
+    """One real Hearth server (SmolLM2-135M, API key required) for the whole session."""
+    # Home Assistant's plugin blocks sockets in tests; picking a port and waiting for /health
+    # need them here.
+    saved = socket.socket
+    pytest_socket.enable_socket()
+    try:
+        server = HearthServer(
+            "--api-key", API_KEY, "--n-threads", "1",
+            data_dir=tmp_path_factory.mktemp("hearth-data"),
+        )
+        server.start()
+    finally:
+        socket.socket = saved
+    yield server
+    server.stop()
+
+
+def server_queue(server: HearthServer) -> dict[str, Any]:
+    """Read /v1/queue from the real server (blocking; call it in an executor)."""
+    status, data = server.get("/v1/queue", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert status == 200, data
+    return data
+
+
+async def async_queue(hass: HomeAssistant, server: HearthServer) -> dict[str, Any]:
+    """Read /v1/queue from the real server without blocking the event loop."""
+    return await hass.async_add_executor_job(server_queue, server)
+
+
+def subentry(
+    subentry_type: str, data: dict[str, Any], title: str | None = None
+) -> dict[str, Any]:
+    """Describe a subentry for MockConfigEntry."""
+    return {
+        "data": data,
+        "subentry_type": subentry_type,
+        "title": title or f"Hearth {subentry_type}",
+        "unique_id": None,
+    }
+
+
+async def async_setup_hearth(
+    hass: HomeAssistant,
+    url: str,
+    *,
+    api_key: str | None = API_KEY,
+    conversation: dict[str, Any] | None = None,
+    ai_task: dict[str, Any] | None = None,
+    unique_id: str | None = None,
+) -> MockConfigEntry:
+    """Set up Home Assistant's core pieces and one Hearth entry."""
+    assert await async_setup_component(hass, "homeassistant", {})
+    assert await async_setup_component(hass, "conversation", {})
+    data = {CONF_URL: url}
+    if api_key:
+        data[CONF_API_KEY] = api_key
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title="Hearth",
+        data=data,
+        unique_id=unique_id,
+        subentries_data=[
+            subentry("conversation", conversation or CONVERSATION_OPTIONS),
+            subentry("ai_task_data", ai_task or AI_TASK_OPTIONS),
+        ],
+    )
+    entry.add_to_hass(hass)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    return entry
+
+
+def entity_of(hass: HomeAssistant, entry: MockConfigEntry, domain: str) -> str:
+    """Return the id of the entry's (first) entity of a domain."""
+    for entity in er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id):
+        if entity.domain == domain:
+            return entity.entity_id
+    raise AssertionError(f"no {domain} entity")
+
+
+def sensor_of(hass: HomeAssistant, entry: MockConfigEntry, platform: str, key: str) -> str:
+    """Return the entity id of one of the server's sensors."""
+    entity_id = er.async_get(hass).async_get_entity_id(
+        platform, DOMAIN, f"{entry.entry_id}_{key}"
+    )
+    assert entity_id, key
+    return entity_id
+
+
+async def async_wait_for(predicate: Callable[[], Any], within: float = 30.0) -> Any:
+    """Wait until predicate() is truthy (it may be a coroutine function)."""
+    async with asyncio.timeout(within):
+        while True:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            await asyncio.sleep(0.1)
+
+
+# A small OpenAI-style server, for behaviour the real model cannot be relied on to show
+# (calling a tool) and for exact sensor values.
+
+SAMPLE_QUEUE: dict[str, Any] = {
+    "model": "fake-model",
+    "policy": "hearth",
+    "waiting": {"voice": 1, "chat": 2, "agent": 0, "background": 5, "embedding": 0},
+    "running": {"voice": 0, "chat": 1, "agent": 0, "background": 2, "embedding": 0},
+    "kv": {"cells": 16384, "used": 4096, "use": 0.25},
+    "prefix_cache": {"entries": 2, "hit_rate": 0.67, "token_hit_rate": 0.57, "evictions": 0},
+    "classes": {
+        "voice": {
+            "completed": 3,
+            "rejected": 0,
+            "failed": 0,
+            "preempted": 0,
+            "window_completed": 3,
+            "queue_ms": {"p50": 1.0, "p95": 2.5},
+            "ttft_ms": {"p50": 120.0, "p95": 180.4},
+            "itl_ms": {"p50": 8.0, "p95": 11.2},
+            "e2e_ms": {"p50": 300.0, "p95": 450.0},
+        },
+        "chat": {
+            "completed": 0,
+            "rejected": 0,
+            "failed": 0,
+            "preempted": 0,
+            "window_completed": 0,
+            "queue_ms": {"p50": None, "p95": None},
+            "ttft_ms": {"p50": None, "p95": None},
+            "itl_ms": {"p50": None, "p95": None},
+            "e2e_ms": {"p50": None, "p95": None},
+        },
+    },
+    "users": {"u1": {"share": 1.0, "served_tokens": 123}},
+    "tokens_per_s": 12.3,
+    "preemptions": 4,
+    "generated_tokens_total": 1000,
+    "prompt_tokens_total": 5000,
+    "jobs": {"queued": 2, "running": 1, "done": 7, "failed": 1, "cancelled": 0},
+}
+
+
+class FakeHearth:
+    """An in-process server speaking the parts of Hearth's API the integration uses."""
+
+    def __init__(self) -> None:
+        """Initialize the fake with a tool-calling chat handler."""
+        self.api_key: str | None = API_KEY
+        self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
+        self.chat_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.chat_handler: Callable[[dict[str, Any]], list[dict[str, Any]]] = tool_call_script
+        self.events_enabled = False
+        self.events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.event_subscribers = 0
+        self.event_resume_ids: list[str | None] = []
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.job_bodies: list[dict[str, Any]] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._event_id = 0
+
+    @property
+    def url(self) -> str:
+        """Return the base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def _authorized(self, request: web.Request) -> bool:
+        return self.api_key is None or (
+            request.headers.get("Authorization") == f"Bearer {self.api_key}"
+        )
+
+    @staticmethod
+    def _unauthorized() -> web.Response:
+        return web.json_response(
+            {
+                "error": {
+                    "message": "invalid or missing API key",
+                    "type": "authentication_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            },
+            status=401,
+        )
+
+    async def start(self, port: int = 0) -> None:
+        """Serve on 127.0.0.1 (a free port unless one is given)."""
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/queue", self._queue)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/jobs", self._submit_job)
+        app.router.add_get("/v1/jobs/{job_id}", self._get_job)
+        app.router.add_delete("/v1/jobs/{job_id}", self._cancel_job)
+        app.router.add_get("/v1/events", self._events)
+        self._runner = web.AppRunner(app, shutdown_timeout=1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop serving (ending the open event streams first)."""
+        for _ in range(self.event_subscribers):
+            self.events.put_nowait(None)
+        await asyncio.sleep(0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ready", "model": "fake-model", "version": "0.1.0"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
+    async def _queue(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        return web.json_response(self.queue)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return self._unauthorized()
+        body = await request.json()
+        self.chat_requests.append((dict(request.headers), body))
+        chunks = self.chat_handler(body)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def add_job(self, job: dict[str, Any]) -> None:
+        """Store a job the way the server would."""
+        self.jobs[job["id"]] = job
+
+    async def _submit_job(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        body = await request.json()
+        self.job_bodies.append(body)
+        job_id = f"job_{len(self.jobs) + 1:04x}"
+        job = {
+            "id": job_id,
+            "object": "job",
+            "kind": body.get("kind", "chat"),
+            "class": body.get("class", "background"),
+            "tag": body.get("tag"),
+            "status": "queued",
+            "created_at": 1000.0,
+            "started_at": None,
+            "finished_at": None,
+            "result": None,
+            "error": None,
+        }
+        self.add_job(job)
+        return web.json_response(job, status=202)
+
+    async def _get_job(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        job = self.jobs.get(request.match_info["job_id"])
+        if job is None:
+            return web.json_response({"error": {"message": "no such job"}}, status=404)
+        return web.json_response(job)
+
+    async def _cancel_job(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        job = self.jobs.get(request.match_info["job_id"])
+        if job is None:
+            return web.json_response({"error": {"message": "no such job"}}, status=404)
+        job["status"] = "cancelled"
+        return web.json_response(job)
+
+    def finish_job(self, job_id: str, text: str) -> dict[str, Any]:
+        """Mark a job done with a chat completion result; returns the job."""
+        job = self.jobs[job_id]
+        job.update(
+            status="done",
+            started_at=1000.5,
+            finished_at=1002.0,
+            result={
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                "hearth": {"ttft_ms": 50.0, "e2e_ms": 900.0},
+            },
+        )
+        return job
+
+    def publish(self, job: dict[str, Any]) -> None:
+        """Send a job event to the event-stream subscribers."""
+        self.events.put_nowait({"type": "job", "job": job})
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        if not self.events_enabled:
+            return web.json_response({"error": {"message": "not found"}}, status=404)
+        if not self._authorized(request):
+            return self._unauthorized()
+        self.event_resume_ids.append(request.headers.get("Last-Event-ID"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.event_subscribers += 1
+        try:
+            await response.write(b": keepalive\n\n")
+            while True:
+                data = await self.events.get()
+                if data is None:
+                    break
+                self._event_id += 1
+                await response.write(
+                    f"id: {self._event_id}\nevent: job\ndata: {json.dumps(data)}\n\n".encode()
+                )
+        finally:
+            self.event_subscribers -= 1
+        return response
+
+
+def text_chunks(text: str, *, model: str = "fake-model") -> list[dict[str, Any]]:
+    """Stream ``text`` in a few pieces."""
+    chunks: list[dict[str, Any]] = [
+        {"object": "chat.completion.chunk", "model": model,
+         "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+    ]
+    words = text.split(" ")
+    for i, word in enumerate(words):
+        piece = word if i == 0 else " " + word
+        chunks.append(
+            {"object": "chat.completion.chunk", "model": model,
+             "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+        )
+    chunks.append(
+        {"object": "chat.completion.chunk", "model": model,
+         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    )
+    return chunks
+
+
+def tool_call_script(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Call HassTurnOn for the kitchen light, then report once the tool has answered."""
+    messages = body["messages"]
+    if messages[-1]["role"] == "tool":
+        return text_chunks("The kitchen light is on.")
+    tool_names = {tool["function"]["name"] for tool in body.get("tools") or ()}
+    if "HassTurnOn" not in tool_names:
+        return text_chunks("I cannot control devices.")
+    arguments = json.dumps({"name": "Kitchen light"})
+    half = len(arguments) // 2
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    return [
+        chunk({"role": "assistant"}),
+        chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                               "function": {"name": "HassTurnOn", "arguments": ""}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
+        chunk({}, "tool_calls"),
+    ]
+
+
+@pytest.fixture
+async def fake_hearth(socket_enabled: None) -> AsyncIterator[FakeHearth]:
+    """A running fake Hearth server."""
+    server = FakeHearth()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def fake_entry(hass: HomeAssistant, fake_hearth: FakeHearth) -> MockConfigEntry:
+    """A Hearth entry set up against the fake server, its agent allowed to control HA."""
+    return await async_setup_hearth(
+        hass,
+        fake_hearth.url,
+        conversation={**CONVERSATION_OPTIONS, CONF_LLM_HASS_API: ["assist"]},
+    )

@@ -1,0 +1,132 @@
+"""The integration's pure helpers: class choice, history trimming, stream parsing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from homeassistant.core import Context
+
+from custom_components.hearth.api import iter_sse, normalize_url
+from custom_components.hearth.conversation import fairness_key_for, request_class_for
+from custom_components.hearth.entity import transform_stream, trim_history
+from custom_components.hearth.jobs import job_event_data, job_result_text
+
+pytestmark = pytest.mark.ha
+
+
+def _input(**kw: Any) -> SimpleNamespace:
+    return SimpleNamespace(
+        context=Context(user_id=kw.pop("user_id", None)),
+        device_id=kw.pop("device_id", None),
+        **kw,
+    )
+
+
+def test_request_class_and_fairness_key() -> None:
+    """auto: voice for satellites, devices and pipelines with a delta listener; else chat."""
+    quiet = SimpleNamespace(delta_listener=None)
+    listening = SimpleNamespace(delta_listener=lambda *a: None)
+    typed = _input(satellite_id=None, user_id="user-1")
+    assert request_class_for("auto", typed, quiet) == "chat"
+    assert fairness_key_for(typed) == "user-1"
+    assert request_class_for("auto", typed, listening) == "voice"
+    satellite = _input(satellite_id="assist_satellite.hall", user_id="user-1")
+    assert request_class_for("auto", satellite, quiet) == "voice"
+    assert fairness_key_for(satellite) == "assist_satellite.hall"
+    # Home Assistant versions without satellite_id on the input.
+    device = _input(device_id="dev-1")
+    assert request_class_for("auto", device, quiet) == "voice"
+    assert fairness_key_for(device) == "dev-1"
+    assert request_class_for("background", satellite, listening) == "background"
+
+
+def test_trim_history_keeps_whole_rounds() -> None:
+    """The system prompt stays; rounds start at user messages; tool results stay with
+    their calls."""
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "1"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "a"}]},
+        {"role": "tool", "tool_call_id": "a", "content": "{}"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "2"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "3"},
+    ]
+    assert trim_history(messages, 0) == messages
+    assert trim_history(messages, 5) == messages
+    assert [m["content"] for m in trim_history(messages, 1)] == ["s", "2", "a2", "3"]
+    assert trim_history(messages, 2) == messages
+
+
+async def _chunks(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for item in items:
+        yield item
+
+
+async def test_transform_stream_assembles_parallel_tool_calls() -> None:
+    """Text passes through at once; tool-call fragments are joined per index."""
+    chunks = [
+        {"choices": [{"delta": {"content": "Sure"}}]},
+        {"choices": [{"delta": {"tool_calls": [
+            {"index": 0, "id": "c0", "function": {"name": "HassTurnOn", "arguments": '{"na'}},
+            {"index": 1, "id": "c1", "function": {"name": "HassTurnOff", "arguments": ""}},
+        ]}}]},
+        {"choices": [{"delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": 'me": "Lamp", "area": ""}'}},
+            {"index": 1, "function": {"arguments": "not json"}},
+        ]}}]},
+        {"choices": [], "usage": {"completion_tokens": 3}},
+    ]
+    deltas = [delta async for delta in transform_stream(_chunks(chunks))]
+    assert deltas[0] == {"role": "assistant"}
+    assert deltas[1] == {"content": "Sure"}
+    calls = deltas[2]["tool_calls"]
+    assert [(c.id, c.tool_name, c.tool_args) for c in calls] == [
+        ("c0", "HassTurnOn", {"name": "Lamp"}),
+        ("c1", "HassTurnOff", {}),
+    ]
+
+
+class _Body:
+    def __init__(self, parts: list[bytes]) -> None:
+        self._parts = parts
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        for part in self._parts:
+            yield part
+
+
+async def test_sse_parsing() -> None:
+    """Events split across reads, CRLF lines, comments and multi-line data."""
+    response = SimpleNamespace(content=_Body([
+        b": hearth events\n\nid: 7\r\nevent: job\r\ndata: {\"a\":",
+        b" 1}\r\n\r\n: keepalive\n\ndata: line1\ndata: line2\n\n",
+        b"data: [DONE]",
+    ]))
+    events = [event async for event in iter_sse(response)]  # type: ignore[arg-type]
+    assert [(e.id, e.event, e.data) for e in events] == [
+        ("7", "job", '{"a": 1}'),
+        ("7", "message", "line1\nline2"),
+        ("7", "message", "[DONE]"),
+    ]
+    assert events[0].json() == {"a": 1}
+
+
+def test_normalize_url_and_job_text() -> None:
+    """Base URLs lose a trailing slash and /v1; a job's text is its first choice."""
+    assert normalize_url(" http://h:8080/v1/ ") == "http://h:8080"
+    job = {
+        "id": "job_1", "status": "failed", "tag": None, "created_at": 1.0,
+        "started_at": None, "finished_at": 2.0, "result": None, "error": "boom",
+    }
+    assert job_result_text(job) is None
+    data = job_event_data("entry", job)
+    assert data["error"] == "boom"
+    assert data["timings"]["total_ms"] == 1000.0
+    assert data["timings"]["queue_ms"] is None
+    job["result"] = {"choices": [{"message": {"content": [{"type": "text", "text": "hi"}]}}]}
+    assert job_result_text(job) == "hi"

@@ -1,0 +1,60 @@
+"""Static checks of the integration's metadata: manifest, translations, icons, actions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from custom_components.hearth.const import GENERATION_CLASSES
+from custom_components.hearth.sensor import SENSORS
+
+pytestmark = pytest.mark.ha
+
+COMPONENT = Path(__file__).resolve().parents[2] / "custom_components" / "hearth"
+
+
+def _json(name: str) -> dict:
+    return json.loads((COMPONENT / name).read_text())
+
+
+def test_manifest() -> None:
+    """The manifest has what a custom integration needs, keys in hassfest's order."""
+    manifest = _json("manifest.json")
+    keys = list(manifest)
+    assert keys[:2] == ["domain", "name"]
+    assert keys[2:] == sorted(keys[2:])
+    assert manifest["domain"] == "hearth"
+    assert manifest["config_flow"] is True
+    assert manifest["dependencies"] == ["conversation", "ai_task"]
+    assert manifest["after_dependencies"] == ["assist_pipeline", "intent", "hassio"]
+    assert manifest["iot_class"] == "local_push"
+    assert manifest["integration_type"] == "service"
+    assert manifest["version"]
+    hacs = json.loads((COMPONENT.parents[1] / "hacs.json").read_text())
+    assert hacs["homeassistant"] == "2026.2.0"
+    assert (COMPONENT / "brand" / "icon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_translations_cover_entities_and_actions() -> None:
+    """strings.json and translations/en.json agree and name every entity, action and field;
+    every sensor has an icon."""
+    strings = _json("strings.json")
+    assert strings == _json("translations/en.json")
+    sensors = strings["entity"]["sensor"]
+    icons = _json("icons.json")
+    for description in SENSORS:
+        assert description.translation_key in sensors
+        assert description.translation_key in icons["entity"]["sensor"]
+    assert "reachable" in strings["entity"]["binary_sensor"]
+
+    services = yaml.safe_load((COMPONENT / "services.yaml").read_text())
+    for service, spec in services.items():
+        assert service in strings["services"]
+        assert service in icons["services"]
+        for field in spec["fields"]:
+            assert field in strings["services"][service]["fields"], (service, field)
+    assert set(strings["selector"]["request_class"]["options"]) == set(GENERATION_CLASSES)
+    assert set(strings["selector"]["class_policy"]["options"]) == {"auto", *GENERATION_CLASSES}

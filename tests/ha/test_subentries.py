@@ -1,0 +1,103 @@
+"""Subentry flows: conversation agents and AI Task entities."""
+
+from __future__ import annotations
+
+import pytest
+from homeassistant import config_entries
+from homeassistant.const import CONF_LLM_HASS_API, CONF_NAME, CONF_URL
+from homeassistant.core import HomeAssistant
+from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.helpers import entity_registry as er
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.hearth.const import (
+    CONF_CLASS_POLICY,
+    CONF_MAX_HISTORY,
+    CONF_MAX_TOKENS,
+    CONF_PROMPT,
+    CONF_REQUEST_CLASS,
+    CONF_TEMPERATURE,
+    DOMAIN,
+)
+
+from .conftest import FakeHearth
+
+pytestmark = pytest.mark.ha
+
+
+async def test_subentry_flows(hass: HomeAssistant, fake_entry: MockConfigEntry) -> None:
+    """Add a conversation agent and an AI task; reconfigure the agent's class policy."""
+    result = await hass.config_entries.subentries.async_init(
+        (fake_entry.entry_id, "conversation"), context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "set_options"
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"],
+        {
+            CONF_NAME: "Kitchen agent",
+            CONF_PROMPT: "Be brief.",
+            CONF_LLM_HASS_API: ["assist"],
+            CONF_MAX_TOKENS: 100.0,
+            CONF_TEMPERATURE: 0.5,
+            CONF_MAX_HISTORY: 5.0,
+            CONF_CLASS_POLICY: "voice",
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["title"] == "Kitchen agent"
+    assert result["data"] == {
+        CONF_PROMPT: "Be brief.",
+        CONF_LLM_HASS_API: ["assist"],
+        CONF_MAX_TOKENS: 100,
+        CONF_TEMPERATURE: 0.5,
+        CONF_MAX_HISTORY: 5,
+        CONF_CLASS_POLICY: "voice",
+    }
+    await hass.async_block_till_done()
+
+    result = await hass.config_entries.subentries.async_init(
+        (fake_entry.entry_id, "ai_task_data"), context={"source": config_entries.SOURCE_USER}
+    )
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"],
+        {CONF_NAME: "Agent tasks", CONF_REQUEST_CLASS: "agent", CONF_MAX_TOKENS: 300},
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["data"] == {CONF_REQUEST_CLASS: "agent", CONF_MAX_TOKENS: 300}
+    await hass.async_block_till_done()
+
+    # The entry reloaded with the new subentries: two agents, two AI task entities.
+    entities = er.async_entries_for_config_entry(er.async_get(hass), fake_entry.entry_id)
+    assert sum(e.domain == "conversation" for e in entities) == 2
+    assert sum(e.domain == "ai_task" for e in entities) == 2
+
+    agent = next(s for s in fake_entry.subentries.values() if s.title == "Kitchen agent")
+    result = await fake_entry.start_subentry_reconfigure_flow(hass, agent.subentry_id)
+    assert result["type"] is FlowResultType.FORM
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"],
+        {
+            CONF_MAX_TOKENS: 64,
+            CONF_TEMPERATURE: 0.2,
+            CONF_MAX_HISTORY: 3,
+            CONF_CLASS_POLICY: "auto",
+        },
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reconfigure_successful"
+    data = fake_entry.subentries[agent.subentry_id].data
+    assert data[CONF_CLASS_POLICY] == "auto"
+    assert CONF_LLM_HASS_API not in data
+    await hass.async_block_till_done()
+
+
+async def test_subentry_needs_loaded_entry(hass: HomeAssistant, fake_hearth: FakeHearth) -> None:
+    """Subentries cannot be added while the server's entry is not loaded."""
+    entry = MockConfigEntry(domain=DOMAIN, data={CONF_URL: fake_hearth.url})
+    entry.add_to_hass(hass)
+    result = await hass.config_entries.subentries.async_init(
+        (entry.entry_id, "conversation"), context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "entry_not_loaded"

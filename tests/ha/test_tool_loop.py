@@ -1,0 +1,185 @@
+"""The conversation tool loop, streaming, class headers and history, against a fake server
+that calls tools on cue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from homeassistant.components import conversation
+from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
+from homeassistant.const import CONF_LLM_HASS_API, STATE_OFF, STATE_ON
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.helpers import chat_session
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
+
+from custom_components.hearth.const import CLASS_HEADER, CONF_MAX_HISTORY
+
+from .conftest import (
+    CONVERSATION_OPTIONS,
+    FakeHearth,
+    async_setup_hearth,
+    entity_of,
+    text_chunks,
+)
+
+pytestmark = pytest.mark.ha
+
+
+@pytest.fixture
+async def kitchen_light(hass: HomeAssistant) -> str:
+    """An exposed switchable light (an input_boolean) the agent can turn on."""
+    assert await async_setup_component(hass, "intent", {})
+    assert await async_setup_component(
+        hass,
+        "input_boolean",
+        {"input_boolean": {"kitchen_light": {"name": "Kitchen light", "initial": False}}},
+    )
+    await hass.async_block_till_done()
+    async_expose_entity(hass, "conversation", "input_boolean.kitchen_light", True)
+    return "input_boolean.kitchen_light"
+
+
+async def test_tool_call_turns_the_light_on(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+) -> None:
+    """The model calls HassTurnOn, the light turns on, the result goes back to the model and
+    its final answer is spoken."""
+    assert hass.states.get(kitchen_light).state == STATE_OFF
+    agent_id = entity_of(hass, fake_entry, "conversation")
+
+    result = await conversation.async_converse(
+        hass,
+        "Turn on the kitchen light",
+        None,
+        Context(user_id=hass_admin_user.id),
+        agent_id=agent_id,
+    )
+
+    assert hass.states.get(kitchen_light).state == STATE_ON
+    assert result.response.speech["plain"]["speech"] == "The kitchen light is on."
+    assert len(fake_hearth.chat_requests) == 2
+    first_headers, first = fake_hearth.chat_requests[0]
+    assert first["stream"] is True
+    assert first["priority"] == "chat"
+    assert first_headers[CLASS_HEADER] == "chat"
+    assert first["user"] == hass_admin_user.id
+    assert first["tool_choice"] == "auto"
+    assert "HassTurnOn" in {tool["function"]["name"] for tool in first["tools"]}
+
+    _, second = fake_hearth.chat_requests[1]
+    call_message, tool_message = second["messages"][-2:]
+    assert call_message["role"] == "assistant"
+    assert call_message["tool_calls"][0]["id"] == "call_1"
+    assert call_message["tool_calls"][0]["function"]["name"] == "HassTurnOn"
+    assert tool_message["role"] == "tool"
+    assert tool_message["tool_call_id"] == "call_1"
+    assert "success" in tool_message["content"]
+
+
+async def test_tool_loop_is_bounded(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+) -> None:
+    """A model that keeps calling tools is stopped after ten rounds."""
+    calls = 0
+
+    def always_call(body: dict[str, Any]) -> list[dict[str, Any]]:
+        nonlocal calls
+        calls += 1
+        return [
+            {"choices": [{"index": 0, "delta": {"tool_calls": [{
+                "index": 0, "id": f"call_{calls}", "type": "function",
+                "function": {"name": "HassTurnOn", "arguments": '{"name": "Kitchen light"}'},
+            }]}, "finish_reason": "tool_calls"}]}
+        ]
+
+    fake_hearth.chat_handler = always_call
+    await conversation.async_converse(
+        hass, "Turn it on forever", None, Context(),
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+    assert len(fake_hearth.chat_requests) == 10
+
+
+async def test_pipeline_turn_streams_at_voice_class(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
+) -> None:
+    """A turn whose chat log has a delta listener (a voice pipeline) is voice, and the
+    answer reaches the listener piece by piece."""
+    fake_hearth.chat_handler = lambda body: text_chunks("It is sunny and warm today.")
+    agent_id = entity_of(hass, fake_entry, "conversation")
+    deltas: list[dict[str, Any]] = []
+
+    with (
+        chat_session.async_get_chat_session(hass) as session,
+        conversation.async_get_chat_log(
+            hass,
+            session,
+            conversation.ConversationInput(
+                text="How is the weather?",
+                context=Context(),
+                conversation_id=session.conversation_id,
+                device_id=None,
+                satellite_id=None,
+                language="en",
+                agent_id=agent_id,
+            ),
+            chat_log_delta_listener=lambda chat_log, delta: deltas.append(delta),
+        ),
+    ):
+        result = await conversation.async_converse(
+            hass, "How is the weather?", session.conversation_id, Context(), agent_id=agent_id
+        )
+
+    assert result.response.speech["plain"]["speech"] == "It is sunny and warm today."
+    headers, body = fake_hearth.chat_requests[-1]
+    assert body["priority"] == "voice"
+    assert headers[CLASS_HEADER] == "voice"
+    pieces = [delta["content"] for delta in deltas if delta.get("content")]
+    assert len(pieces) > 1
+    assert "".join(pieces) == "It is sunny and warm today."
+    assert hass.states.get(agent_id).attributes.get("supported_features") is not None
+
+
+async def test_fixed_class_policy_and_history(
+    hass: HomeAssistant, fake_hearth: FakeHearth
+) -> None:
+    """A pinned class is used even for a satellite; only the last rounds are sent along."""
+    entry = await async_setup_hearth(
+        hass,
+        fake_hearth.url,
+        conversation={
+            **CONVERSATION_OPTIONS,
+            "class_policy": "agent",
+            CONF_MAX_HISTORY: 1,
+            CONF_LLM_HASS_API: [],
+        },
+    )
+    replies = iter(["First answer.", "Second answer.", "Third answer."])
+    fake_hearth.chat_handler = lambda body: text_chunks(next(replies))
+    agent_id = entity_of(hass, entry, "conversation")
+
+    conversation_id = None
+    for text in ("one", "two", "three"):
+        result = await conversation.async_converse(
+            hass, text, conversation_id, Context(), agent_id=agent_id,
+            satellite_id="assist_satellite.hall",
+        )
+        conversation_id = result.conversation_id
+
+    headers, body = fake_hearth.chat_requests[-1]
+    assert body["priority"] == "agent"
+    assert headers[CLASS_HEADER] == "agent"
+    assert body["user"] == "assist_satellite.hall"
+    roles = [message["role"] for message in body["messages"]]
+    contents = [message["content"] for message in body["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert contents[1:] == ["two", "Second answer.", "three"]
