@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup run test lint unit server-tests ha-tests bench bench-quick clean
+.PHONY: setup run test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine clean
 
 setup:
 	@scripts/bootstrap
@@ -32,6 +32,19 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -p no:homeassistant tests/unit tests/server -q
 	$(PY) -m pytest tests/ha -q
+
+# A longer property-based fuzz run of the whole API (make test runs 12 examples per operation).
+fuzz: setup
+	HEARTH_FUZZ_EXAMPLES=200 $(PY) -m pytest -p no:homeassistant tests/server/test_reliability.py -q
+
+# 10 rounds of SIGKILL while jobs run, then 20 minutes of mixed load (report in bench/results/soak).
+soak: setup
+	HEARTH_KILL_ROUNDS=10 HEARTH_SOAK_MINUTES=$${HEARTH_SOAK_MINUTES:-20} \
+	HEARTH_SOAK_RESULTS=bench/results/soak \
+	$(PY) -m pytest -p no:homeassistant tests/server/test_crash_and_soak.py -q -s
+
+bench-engine: setup
+	$(PY) bench/engine_bench.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -15,11 +15,24 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class CalledFunction(_Body):
+    name: str = Field(..., min_length=1, max_length=128)
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Body):
+    """A tool call in an assistant message of the history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any] | str] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
 

@@ -107,15 +107,16 @@ NEAR_TIE = 0.5
 
 
 def assert_parts_only_at_a_near_tie(model, prompt: list[int], ref: list[int], got: list[int]):
-    """``got`` equals ``ref`` up to the first token where they differ, and there the reference
-    run's logits rate both choices within NEAR_TIE of each other."""
+    """``got`` equals ``ref`` up to the first token where they differ, and there the two choices
+    are within NEAR_TIE of each other in logits recomputed for that context (either may come out
+    ahead: the recomputation is itself one more kernel shape)."""
     assert len(got) == len(ref)
     i = next((j for j in range(len(ref)) if ref[j] != got[j]), None)
     if i is None:
         return
     logits = solo_logits(model, prompt + ref[:i])
     margin = float(logits[ref[i]] - logits[got[i]])
-    assert 0 <= margin < NEAR_TIE, f"diverged at token {i} with margin {margin}"
+    assert abs(margin) < NEAR_TIE, f"diverged at token {i} with margin {margin}"
 
 
 def test_batched_logits_differ_from_solo_only_by_float_noise(model):

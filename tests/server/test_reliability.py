@@ -1,0 +1,156 @@
+"""Reliability: fuzzing from the OpenAPI description, many clients dropping mid-stream, bounded
+memory under overload, safe defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import aiohttp
+import pytest
+import schemathesis
+from hearth_server import HearthServer
+from hypothesis import HealthCheck, settings
+
+pytestmark = pytest.mark.model
+
+# `make test` runs a bounded number of examples per operation; `make fuzz` sets more.
+EXAMPLES = int(os.environ.get("HEARTH_FUZZ_EXAMPLES", "12"))
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory):
+    with HearthServer("--max-tokens-default", "8", "--n-threads", "1",
+                      data_dir=tmp_path_factory.mktemp("fuzz")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_server):
+    return schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
+
+
+schema = schemathesis.pytest.from_fixture("api_schema").exclude(path="/v1/events")
+
+
+def _bound(body: object) -> None:
+    """Keep generated requests short: fuzzing looks for crashes, not for long generations."""
+    if isinstance(body, dict):
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(body.get(key), int) and body[key] > 8:
+                body[key] = 8
+        if isinstance(body.get("request"), dict):
+            _bound(body["request"])
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=list(HealthCheck))
+def test_fuzz_never_5xx_nor_hangs(case, fuzz_server):
+    _bound(case.body)
+    resp = case.call(base_url=fuzz_server.url, timeout=60)
+    assert resp.status_code < 500, resp.text[:500]
+    if resp.status_code >= 400:
+        err = resp.json()["error"]
+        assert err["message"] and err["type"]
+
+
+def test_server_healthy_after_fuzzing(fuzz_server):
+    assert fuzz_server.get("/health")[0] == 200
+    status, body = fuzz_server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 4})
+    assert status == 200 and body["choices"][0]["message"]["content"] is not None
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def _drop_mid_stream(url: str, n: int) -> int:
+    body = {"messages": [{"role": "user", "content": "Tell me a long story."}],
+            "stream": True, "max_tokens": 400, "ignore_eos": True}
+    got_tokens = 0
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal got_tokens
+        async with session.post(url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            async for line in r.content:
+                if line.startswith(b"data: ") and b'"content"' in line and b'""' not in line:
+                    got_tokens += 1
+                    return  # leave with the stream still running
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(one(session) for _ in range(n)))
+    return got_tokens
+
+
+def test_forty_clients_dropping_mid_stream_leave_nothing_behind(server):
+    _, idle = server.get("/v1/queue")
+    got = asyncio.run(_drop_mid_stream(server.url, 40))
+    assert got == 40  # each saw its stream start, then hung up
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        _, q = server.get("/v1/queue")
+        if sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0:
+            break
+        time.sleep(0.25)
+    assert sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0
+    assert q["kv"]["used_by_running"] == idle["kv"]["used_by_running"] == 0
+    assert q["kv"]["used"] <= q["kv"]["cells"]
+    status, _ = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    assert status == 200
+
+
+async def _flood(url: str, n: int) -> list[int]:
+    body = {"messages": [{"role": "user", "content": "Summarise nothing."}], "max_tokens": 4,
+            "priority": "background"}
+    async with aiohttp.ClientSession() as session:
+        async def one() -> int:
+            async with session.post(url + "/v1/chat/completions", json=body) as r:
+                await r.read()
+                return r.status
+
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_overload_is_refused_not_buffered(tmp_path):
+    with HearthServer("--max-queue", "4", "--n-parallel", "2", data_dir=tmp_path) as srv:
+        pid = srv.proc.pid
+        statuses = asyncio.run(_flood(srv.url, 20))  # warm-up: allocations that stay
+        before = rss_kib(pid)
+        for _ in range(5):
+            statuses += asyncio.run(_flood(srv.url, 60))
+        after = rss_kib(pid)
+        assert 429 in statuses and 200 in statuses
+        assert set(statuses) <= {200, 429}
+        assert after < before * 1.10 + 8 * 1024, (before, after)
+        _, q = srv.get("/v1/queue")
+        assert q["classes"]["background"]["rejected"] == statuses.count(429)
+
+
+def test_binds_loopback_unless_told_otherwise():
+    from hearth.cli import build_parser
+    from hearth.settings import load
+
+    s = load(build_parser().parse_args(["serve"]), {})
+    assert s.host == "127.0.0.1"
+
+
+def test_diagnostics_free_endpoints_do_not_leak_the_key(tmp_path):
+    key = "very-secret-key-123"
+    with HearthServer(data_dir=tmp_path, env={"HEARTH_API_KEY": key}) as srv:
+        ok = {"Authorization": f"Bearer {key}"}
+        for path in ("/v1/queue", "/v1/models", "/openapi.json"):
+            status, body = srv.get(path, ok)
+            assert status == 200 and key not in json.dumps(body)
+        srv.get("/v1/models", {"Authorization": "Bearer wrong-" + key})
+        log = srv.log()
+    assert key not in log
