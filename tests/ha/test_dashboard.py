@@ -1,0 +1,51 @@
+"""The dashboard the README offers references only entities the integration creates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import entity_registry as er
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "dashboard.yaml"
+
+
+def _entities(node: object) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "entity" and isinstance(value, str):
+                found.add(value)
+            elif key == "entities" and isinstance(value, list):
+                for item in value:
+                    if isinstance(item, str):
+                        found.add(item)
+                    else:
+                        found |= _entities(item)
+            else:
+                found |= _entities(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= _entities(item)
+    return found
+
+
+async def test_dashboard_entities_exist_and_are_enabled(
+    hass: HomeAssistant, fake_entry: MockConfigEntry
+) -> None:
+    registry = er.async_get(hass)
+    ours = {e.entity_id: e for e in er.async_entries_for_config_entry(registry,
+                                                                        fake_entry.entry_id)}
+    wanted = _entities(yaml.safe_load(DASHBOARD.read_text()))
+    assert wanted, "the dashboard references no entities"
+    missing = sorted(wanted - set(ours))
+    assert not missing, f"not created by the integration: {missing}; have {sorted(ours)}"
+    disabled = sorted(e for e in wanted if ours[e].disabled_by is not None)
+    assert not disabled, f"disabled by default: {disabled}"
+
+
+def test_readme_shows_this_dashboard() -> None:
+    readme = (DASHBOARD.parents[1] / "README.md").read_text()
+    assert DASHBOARD.read_text() in readme
