@@ -36,8 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         app = create_app(settings)
         print(f"Hearth {__version__} listening on http://{settings.host}:{settings.port} "
               "(model loading; GET /health answers 200 when ready)", flush=True)
+        # handler_cancellation: a client that hangs up cancels its handler, which cancels
+        # its engine request (streaming or not).
         web.run_app(app, host=settings.host, port=settings.port, print=None,
-                    access_log=None, handle_signals=True)
+                    access_log=None, handle_signals=True, handler_cancellation=True,
+                    shutdown_timeout=10)
     return 0
 
 

@@ -235,3 +235,32 @@ def test_client_disconnect_cancels_and_frees_the_sequence(server):
         time.sleep(0.2)
     assert sum(q["running"].values()) == 0 and q["kv"]["used_by_running"] == 0
     assert q["classes"]["chat"]["completed"] >= 1
+
+
+def test_non_streaming_client_that_hangs_up_is_cancelled(server):
+    import socket
+    import time
+
+    body = json.dumps({"messages": [{"role": "user", "content": "Write a long story."}],
+                       "max_tokens": 3000, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+              b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+              + body)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # wait until it is really generating
+        _, q = server.get("/v1/queue")
+        if q["running"]["chat"] >= 1:
+            break
+        time.sleep(0.1)
+    assert q["running"]["chat"] >= 1
+    s.close()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 20:
+        _, q = server.get("/v1/queue")
+        if sum(q["running"].values()) == 0:
+            break
+        time.sleep(0.1)
+    # 3,000 tokens would take far longer than this at this machine's decode speed.
+    assert sum(q["running"].values()) == 0
+    assert time.monotonic() - t0 < 10
