@@ -6,13 +6,34 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup run test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine clean
+.PHONY: setup run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine clean
 
 setup:
 	@scripts/bootstrap
 
+# make run: the server and a local Home Assistant with Hearth set up (scripts/demo), until Ctrl-C.
+# make run SERVER_ONLY=1: only the server, on $(HOST):$(PORT).
+SERVER_ONLY ?=
+HA_PORT ?= 8123
+DEMO := PYTHONPATH=scripts/demo $(PY) -m hearth_demo
+
 run: setup
+ifeq ($(SERVER_ONLY),)
+	@scripts/demo/setup
+	@$(DEMO) run --port $(PORT) --ha-port $(HA_PORT) --server-args '$(ARGS)'
+else
 	@$(PY) -m hearth serve --host $(HOST) --port $(PORT) $(ARGS)
+endif
+
+# A bounded household mix (voice turns, typed chat, background jobs) into the running demo.
+demo-load: setup
+	@scripts/demo/setup
+	@$(DEMO) load --ha-port $(HA_PORT)
+
+# The end-to-end browser test (starts its own server + Home Assistant; Debian's chromium).
+e2e: setup
+	@scripts/demo/setup --browser
+	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/e2e -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -41,7 +62,7 @@ fuzz: setup
 soak: setup
 	HEARTH_KILL_ROUNDS=10 HEARTH_SOAK_MINUTES=$${HEARTH_SOAK_MINUTES:-20} \
 	HEARTH_SOAK_RESULTS=bench/results/soak \
-	$(PY) -m pytest -p no:homeassistant tests/server/test_crash_and_soak.py -q -s
+	$(PY) -m pytest -p no:homeassistant tests/server/test_crash_and_soak.py -q -s --timeout 7200
 
 bench-engine: setup
 	$(PY) bench/engine_bench.py $(ARGS)

@@ -210,7 +210,7 @@ class EngineCore:
             return True
         if not items:
             self._flush_events()
-            return bool(self.waiting or self.running)
+            return False  # nothing to compute: the thread naps until woken
         self._decode(items)
         self._flush_events()
         return True

@@ -171,10 +171,13 @@ async def serve_completion(request: web.Request, comp: Completion) -> web.Stream
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        async for chunk in comp.chunks():
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        try:
+            async for chunk in comp.chunks():
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.debug("client left stream %s", comp.id)  # the finally below cancels it
         return resp
     finally:
         comp.cancel()  # no-op when finished; frees the sequence when the client went away
