@@ -25,10 +25,11 @@ else
 	@$(PY) -m hearth serve --host $(HOST) --port $(PORT) $(ARGS)
 endif
 
-# A bounded household mix (voice turns, typed chat, background jobs) into the running demo.
+# A bounded household mix (voice turns, typed chat, background jobs) into the running demo;
+# e.g. ARGS="--voice 20 --duration 300".
 demo-load: setup
 	@scripts/demo/setup
-	@$(DEMO) load --ha-port $(HA_PORT)
+	@$(DEMO) load --ha-port $(HA_PORT) $(ARGS)
 
 # The end-to-end browser test (starts its own server + Home Assistant; Debian's chromium).
 e2e: setup
@@ -63,6 +64,14 @@ soak: setup
 	HEARTH_KILL_ROUNDS=10 HEARTH_SOAK_MINUTES=$${HEARTH_SOAK_MINUTES:-20} \
 	HEARTH_SOAK_RESULTS=bench/results/soak \
 	$(PY) -m pytest -p no:homeassistant tests/server/test_crash_and_soak.py -q -s --timeout 7200
+
+# The household benchmark: the same workload against hearth, fifo and serial (ARGS=--quick: ~60 s
+# per mode; ARGS="--url NAME=URL" adds any OpenAI-compatible server).
+bench: setup
+	$(PY) bench/run_household.py $(ARGS)
+
+bench-quick: setup
+	$(PY) bench/run_household.py --quick $(ARGS)
 
 bench-engine: setup
 	$(PY) bench/engine_bench.py $(ARGS)

@@ -134,6 +134,12 @@ def report_only(folder: Path, plots: bool, latest: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("matplotlib is needed for the plots: pip install matplotlib "
+                     "(or pass --no-plots)")
     if args.report_only:
         return report_only(Path(args.report_only), not args.no_plots, not args.no_latest)
     spec = load_spec(args.workload)
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     (raw / "trace.json").write_text(json.dumps(to_json(sessions)))
     os.environ["HEARTH_TEST_LOGS"] = str(raw)  # HearthServer writes its server log there
 
-    progress = Progress(names, duration)
+    progress = Progress(names, duration, drain)
     trace = describe(sessions)
     progress.message(f"household benchmark ({kind}): {duration:.0f} s of arrivals per mode, "
                      f"{sum(d['calls'] for d in trace.values())} calls; modes: "

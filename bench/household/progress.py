@@ -13,10 +13,11 @@ def fmt_s(s: float) -> str:
 
 
 class Progress:
-    def __init__(self, modes: list[str], duration_s: float, stream: TextIO | None = None,
-                 overhead_s: float = 30.0):
+    def __init__(self, modes: list[str], duration_s: float, drain_timeout_s: float = 300.0,
+                 stream: TextIO | None = None, overhead_s: float = 30.0):
         self.modes = modes
         self.duration_s = duration_s
+        self.drain_timeout_s = drain_timeout_s
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.overhead_s = overhead_s  # server start, warm-up and drain, until one is measured
@@ -36,7 +37,11 @@ class Progress:
     def eta(self, elapsed_in_run: float | None) -> float:
         left_here = self.overhead_s + self.duration_s
         if elapsed_in_run is not None:
-            left_here = max(0.0, self.duration_s - elapsed_in_run) + self.overhead_s / 2
+            # the drain is guessed from the last mode's overhead, and ends by its timeout
+            over = max(0.0, elapsed_in_run - self.duration_s)
+            drain = min(max(5.0, self.overhead_s - over),
+                        self.duration_s + self.drain_timeout_s - elapsed_in_run)
+            left_here = max(0.0, self.duration_s - elapsed_in_run) + max(0.0, drain)
         later = len(self.modes) - self.index - 1
         return left_here + later * (self.duration_s + self.overhead_s)
 

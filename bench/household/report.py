@@ -95,6 +95,7 @@ def markdown(run: dict[str, Any], image_prefix: str = "") -> str:
             f"{_f(f['jain_contended'], 3)} ({f['windows']}) | {t['retries_429']} | "
             f"{srv['preemptions'] if srv['preemptions'] is not None else '–'} | "
             f"{_pct(srv['prefix_hit_rate'])} |")
+    lines += verdict(modes)
     lines += [
         "",
         "## Per user",
@@ -117,6 +118,29 @@ def markdown(run: dict[str, Any], image_prefix: str = "") -> str:
     if run.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in run["notes"]] + [""]
     return "\n".join(lines)
+
+
+def verdict(modes: list[dict[str, Any]]) -> list[str]:
+    """hearth against fifo on what the issue asks: voice TTFT p95 and throughput within 10 %."""
+    by = {m["name"]: m["summary"] for m in modes}
+    if "hearth" not in by or "fifo" not in by:
+        return []
+    h, f = by["hearth"], by["fifo"]
+    vh = h["classes"].get("voice", {}).get("ttft_p95_s")
+    vf = f["classes"].get("voice", {}).get("ttft_p95_s")
+    th = h["totals"]["processed_tokens_per_busy_s"]
+    tf = f["totals"]["processed_tokens_per_busy_s"]
+    gh = h["totals"]["generated_tokens_per_busy_s"]
+    gf = f["totals"]["generated_tokens_per_busy_s"]
+    if None in (vh, vf, th, tf, gh, gf) or not (vh and tf and gf):
+        return []
+    change = 100 * (th / tf - 1)
+    return ["", f"**hearth against fifo:** voice p95 TTFT {vh:.2f} s against {vf:.2f} s "
+            f"({vf / vh:.1f}× lower); throughput while busy {th:.1f} against {tf:.1f} tok/s of "
+            f"all work ({change:+.0f} %) and {gh:.1f} against {gf:.1f} generated tok/s "
+            f"({100 * (gh / gf - 1):+.0f} %): "
+            + ("within" if change >= -10 else "**not** within")
+            + " the 10 % the issue allows."]
 
 
 def plots(run: dict[str, Any], records: dict[str, list[dict[str, Any]]], out: Path) -> list[Path]:

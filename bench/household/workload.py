@@ -303,7 +303,7 @@ def describe(sessions: list[Session]) -> dict[str, dict[str, float]]:
         d["sessions"] += 1
         d["calls"] += len(s.calls)
         d["max_tokens"] += sum(c.max_tokens for c in s.calls)
-    return out
+    return {c: out[c] for c in CLASSES if c in out}
 
 
 def to_json(sessions: list[Session]) -> list[dict[str, Any]]:

@@ -252,3 +252,4 @@ def test_markdown_table(spec):
     assert "TTFT ≤ 1.5 s" in md
     assert "(20260101-000000/ttft_cdf.png)" in md
     assert "- a note" in md
+    assert "**hearth against fifo:** voice p95 TTFT" in md and "within the 10 %" in md

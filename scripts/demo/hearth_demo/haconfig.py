@@ -1,0 +1,118 @@
+"""The demo Home Assistant's configuration directory.
+
+Only what the demo needs is loaded (no ``default_config``: several of its integrations would want
+packages the venv does not have, and some reach the internet). Every integration named here, and
+their dependencies, have their requirements in the venv, so Home Assistant runs with --skip-pip.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+DASHBOARD_SOURCE = ROOT / "docs" / "dashboard.yaml"
+DASHBOARD_URL = "hearth-dashboard"  # a YAML dashboard's url_path must contain a hyphen
+DASHBOARD_FILE = "hearth-dashboard.yaml"
+DASHBOARD_VIEW = "hearth"  # the view's path in docs/dashboard.yaml
+
+# Demo entities exposed to Assist, so the conversation agent has a household to talk about.
+DEMO_LIGHTS = {
+    "kitchen_light": ("Kitchen light", "mdi:ceiling-light"),
+    "living_room_lamp": ("Living room lamp", "mdi:floor-lamp"),
+    "porch_light": ("Porch light", "mdi:outdoor-lamp"),
+}
+DEMO_SENSOR = "sensor.living_room_temperature"
+EXPOSED_ENTITIES = [*(f"input_boolean.{key}" for key in DEMO_LIGHTS), DEMO_SENSOR]
+
+CONFIGURATION = """\
+# Written by scripts/demo (make run) on every start; edits here are overwritten.
+homeassistant:
+  name: Hearth demo home
+  unit_system: metric
+  time_zone: UTC
+  country: GB
+  language: en
+  currency: EUR
+  latitude: 51.5
+  longitude: 0.0
+  elevation: 10
+  auth_providers:
+    - type: homeassistant
+
+http:
+  server_host: 127.0.0.1
+  server_port: {ha_port}
+
+logger:
+  default: warning
+  logs:
+    custom_components.hearth: info
+
+frontend:
+config:
+conversation:
+assist_pipeline:
+history:
+logbook:
+recorder:
+  purge_keep_days: 2
+  commit_interval: 2
+
+lovelace:
+  dashboards:
+    {dashboard_url}:
+      mode: yaml
+      title: Hearth
+      icon: mdi:fire
+      show_in_sidebar: true
+      filename: {dashboard_file}
+
+input_boolean:
+{lights}
+template:
+  - sensor:
+      - name: Living room temperature
+        unique_id: hearth_demo_living_room_temperature
+        unit_of_measurement: "°C"
+        device_class: temperature
+        state_class: measurement
+        state: "{{{{ 21.5 }}}}"
+"""
+
+
+def write_config(config_dir: Path, ha_port: int) -> None:
+    """Write configuration.yaml and the dashboard (every start), and on a fresh directory mark
+    the onboarding step that would start internet-bound integrations as done."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    lights = "".join(
+        f"  {key}:\n    name: {name}\n    icon: {icon}\n"
+        for key, (name, icon) in DEMO_LIGHTS.items()
+    )
+    (config_dir / "configuration.yaml").write_text(CONFIGURATION.format(
+        ha_port=ha_port, dashboard_url=DASHBOARD_URL, dashboard_file=DASHBOARD_FILE, lights=lights,
+    ))
+    shutil.copyfile(DASHBOARD_SOURCE, config_dir / DASHBOARD_FILE)
+    # Home Assistant loads a custom integration from <config>/custom_components: link ours.
+    custom = config_dir / "custom_components"
+    custom.mkdir(exist_ok=True)
+    link = custom / "hearth"
+    target = ROOT / "custom_components" / "hearth"
+    if link.is_symlink() and link.resolve() != target.resolve():
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(target, target_is_directory=True)
+
+    storage = config_dir / ".storage"
+    onboarding = storage / "onboarding"
+    if not onboarding.exists():
+        storage.mkdir(exist_ok=True)
+        # Finishing the "core_config" step through the API starts config flows for met,
+        # radio_browser, google_translate and shopping_list (weather and radio from the
+        # internet). The demo's location is in configuration.yaml, so that step has nothing
+        # to ask: mark it done; the other steps go through the onboarding API.
+        onboarding.write_text(json.dumps({
+            "version": 4, "minor_version": 1, "key": "onboarding",
+            "data": {"done": ["core_config"]},
+        }))

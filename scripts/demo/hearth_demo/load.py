@@ -1,0 +1,161 @@
+"""A household's mix of work, sent through the demo Home Assistant so the dashboard moves.
+
+- voice: turns through the Hearth Assist pipeline naming a device, as a satellite sends them
+  (Hearth classes them ``voice``);
+- chat: typed turns through the conversation REST API (``chat``);
+- background: ``hearth.submit_job`` summaries (``background`` jobs on the server).
+
+Bounded: a fixed number of requests per kind and an overall deadline; only 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from .haclient import HAError, HomeAssistantClient
+from .stack import AGENT_ID, PIPELINE_NAME
+
+VOICE_LINES = [
+    "Turn on the kitchen light.",
+    "Is the porch light on?",
+    "Switch off the living room lamp.",
+    "What is the temperature in the living room?",
+    "Turn off all the lights.",
+    "Turn on the porch light please.",
+]
+CHAT_LINES = [
+    "Suggest a quick dinner I can cook tonight.",
+    "Write a two-line poem about a warm fireplace.",
+    "What should I check before going on holiday?",
+]
+DOCUMENT = (
+    "Household notes for the week. Monday: the boiler service is booked for 9am, someone must be "
+    "home. Tuesday: recycling collection, put the blue bin out the night before. Wednesday: the "
+    "kids have swimming at 5pm and need their kit. Thursday: the grocery delivery arrives between "
+    "6 and 7pm. Friday: grandma visits for dinner; she does not eat fish. Weekend: clean the "
+    "gutters if the weather is dry, and water the garden on Sunday evening. "
+)
+
+
+@dataclass
+class LoadResult:
+    voice: list[float] = field(default_factory=list)  # seconds per turn
+    chat: list[float] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def report(self) -> str:
+        def stats(xs: list[float]) -> str:
+            if not xs:
+                return "none"
+            xs = sorted(xs)
+            return f"{len(xs)} done, median {xs[len(xs) // 2]:.1f}s, max {xs[-1]:.1f}s"
+
+        lines = [f"voice turns : {stats(self.voice)}", f"chat turns  : {stats(self.chat)}",
+                 f"jobs queued : {len(self.jobs)}"]
+        if self.errors:
+            lines.append(f"errors      : {len(self.errors)} (first: {self.errors[0]})")
+        return "\n".join(lines)
+
+
+async def _client(session: aiohttp.ClientSession, url: str, username: str,
+                  password: str) -> HomeAssistantClient:
+    ha = HomeAssistantClient(url, session)
+    await ha.login(username, password)
+    return ha
+
+
+async def run_load(ha_url: str, username: str, password: str, *, voice: int = 6, chat: int = 2,
+                   jobs: int = 3, duration: float = 120.0, say: Any = print,
+                   seed: int | None = None) -> LoadResult:
+    """Send ``voice`` voice turns, ``chat`` typed turns and ``jobs`` background jobs, spread
+    over at most ``duration`` seconds; waits for the turns (not the jobs) to finish."""
+    rng = random.Random(seed)
+    result = LoadResult()
+    deadline = time.monotonic() + duration
+    async with aiohttp.ClientSession() as session:
+        main = await _client(session, ha_url, username, password)
+        try:
+            entries = await main.get("/api/config/config_entries/entry?domain=hearth")
+            entry_id = next(e["entry_id"] for e in entries if e["state"] == "loaded")
+            pipelines = await main.ws("assist_pipeline/pipeline/list")
+            pipeline_id = next(p["id"] for p in pipelines["pipelines"]
+                               if p["name"] == PIPELINE_NAME)
+            # The Hearth server's device stands in for the satellite the turn comes from.
+            devices = await main.ws("config/device_registry/list")
+            device_id = next((d["id"] for d in devices
+                              if entry_id in (d.get("config_entries") or [])), None)
+
+            async def submit_jobs() -> None:
+                for i in range(jobs):
+                    if time.monotonic() > deadline:
+                        return
+                    try:
+                        answer = await main.post(
+                            "/api/services/hearth/submit_job?return_response",
+                            {"config_entry_id": entry_id, "text": DOCUMENT * 3,
+                             "instructions": "Summarise this week's household notes.",
+                             "max_tokens": 160, "tag": f"demo_summary_{i}"},
+                        )
+                        job_id = answer["service_response"]["job_id"]
+                        result.jobs.append(job_id)
+                        say(f"[load] background job {job_id} queued")
+                    except (HAError, aiohttp.ClientError, TimeoutError, KeyError) as err:
+                        result.errors.append(f"job: {err}")
+                    await asyncio.sleep(rng.uniform(2, 6))
+
+            async def voice_turns() -> None:
+                ws_client = await _client(session, ha_url, username, password)
+                try:
+                    for _ in range(voice):
+                        remaining = deadline - time.monotonic()
+                        if remaining < 5:
+                            return
+                        text = rng.choice(VOICE_LINES)
+                        t0 = time.monotonic()
+                        try:
+                            speech = await ws_client.voice_turn(
+                                text, pipeline_id, device_id, timeout_s=min(120, remaining))
+                            result.voice.append(time.monotonic() - t0)
+                            say(f"[load] voice  {time.monotonic() - t0:5.1f}s  {text!r} -> "
+                                f"{_short(speech)!r}")
+                        except (HAError, aiohttp.ClientError, TimeoutError) as err:
+                            result.errors.append(f"voice: {err}")
+                        await asyncio.sleep(rng.uniform(1, 4))
+                finally:
+                    await ws_client.close()
+
+            async def chat_turns() -> None:
+                await asyncio.sleep(rng.uniform(1, 3))
+                for _ in range(chat):
+                    remaining = deadline - time.monotonic()
+                    if remaining < 5:
+                        return
+                    text = rng.choice(CHAT_LINES)
+                    t0 = time.monotonic()
+                    try:
+                        answer = await main.converse(text, AGENT_ID, timeout_s=min(120, remaining))
+                        speech = answer["response"]["speech"]["plain"]["speech"]
+                        result.chat.append(time.monotonic() - t0)
+                        say(f"[load] chat   {time.monotonic() - t0:5.1f}s  {text!r} -> "
+                            f"{_short(speech)!r}")
+                    except (HAError, aiohttp.ClientError, TimeoutError, KeyError) as err:
+                        result.errors.append(f"chat: {err}")
+                    await asyncio.sleep(rng.uniform(2, 5))
+
+            async with asyncio.timeout(duration + 30):
+                await asyncio.gather(submit_jobs(), voice_turns(), chat_turns())
+        finally:
+            await main.close()
+    return result
+
+
+def _short(text: str, limit: int = 70) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

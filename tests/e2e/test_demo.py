@@ -1,0 +1,219 @@
+"""End to end: the demo stack (Hearth server + a real Home Assistant with the integration), a
+conversation answered by the model through Home Assistant, and the Hearth dashboard in a real
+browser (Debian's headless chromium, driven by Playwright), saved as docs/screenshot.png.
+
+Run with ``make e2e`` (it installs chromium and the demo's packages first). Starts and stops
+everything itself, on free ports, with a fresh Home Assistant config in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "demo"))
+
+from hearth_demo import (  # noqa: E402
+    AGENT_ID,
+    DemoSettings,
+    DemoStack,
+    HomeAssistantClient,
+    run_load,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+SCREENSHOT = Path(os.environ.get("HEARTH_E2E_SCREENSHOT", ROOT / "docs" / "screenshot.png"))
+NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+
+pytestmark = [pytest.mark.model, pytest.mark.ha, pytest.mark.timeout(600)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    settings = DemoSettings(
+        run_dir=tmp_path_factory.mktemp("hearth-demo"), server_port=_free_port(),
+        ha_port=_free_port(), server_timeout=240, ha_timeout=240,
+        say=lambda line: print(line, flush=True),
+    )
+    demo = DemoStack(settings)
+    demo.start()  # stops what it started if it fails
+    try:
+        yield demo
+    finally:
+        demo.stop()
+        for log in ("home-assistant.log", "hearth-server.log"):
+            path = settings.logs / log
+            if path.exists():
+                errors = [line for line in path.read_text(errors="replace").splitlines()
+                          if " ERROR " in line and "custom_components.hearth" in line]
+                if errors:
+                    print(f"{log}: Hearth errors:\n" + "\n".join(errors[:20]))
+
+
+def _queue(stack: DemoStack) -> dict:
+    with urllib.request.urlopen(stack.s.server_url + "/v1/queue", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _ha(stack: DemoStack, work, timeout_s: float = 300):
+    """Run ``await work(client)`` with a logged-in Home Assistant client, in a thread of its own
+    (the Playwright sync API owns this thread's event loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _with_client(stack, work)).result(timeout_s)
+
+
+async def _with_client(stack: DemoStack, work):
+    async with aiohttp.ClientSession() as session:
+        ha = HomeAssistantClient(stack.s.ha_url, session)
+        await ha.login(stack.s.username, stack.s.password)
+        try:
+            return await work(ha)
+        finally:
+            await ha.close()
+
+
+def test_conversation_answered_by_the_model(stack: DemoStack) -> None:
+    """A typed turn through Home Assistant's conversation API reaches Hearth (chat class) and the
+    model's answer comes back; a turn through the Assist pipeline naming a device is voice."""
+    assert stack.first_answer  # DemoStack.start sent one through /api/conversation/process
+
+    async def work(ha: HomeAssistantClient):
+        typed = await ha.converse("Say hello to the household.", AGENT_ID, timeout_s=180)
+        voice = await ha.voice_turn("Turn on the kitchen light.", stack.pipeline_id,
+                                    device_id=None, timeout_s=180)
+        return typed, voice
+
+    before = _queue(stack)["classes"]
+    typed, voice = _ha(stack, work)
+    assert typed["response"]["response_type"] != "error", typed
+    assert typed["response"]["speech"]["plain"]["speech"].strip()
+    assert voice.strip()
+    after = _queue(stack)["classes"]
+    assert after["chat"]["completed"] >= before["chat"]["completed"] + 1
+    assert after["voice"]["completed"] >= before["voice"]["completed"] + 1
+
+
+def _tile_state(page, name: str) -> str:
+    """The state line of the tile card named ``name``, read through the cards' shadow roots."""
+    return page.evaluate(
+        """(name) => {
+          const deep = (root, sel, out = []) => {
+            root.querySelectorAll(sel).forEach((el) => out.push(el));
+            root.querySelectorAll('*').forEach(
+              (el) => el.shadowRoot && deep(el.shadowRoot, sel, out));
+            return out;
+          };
+          const text = (node) => {
+            if (node.nodeType === Node.TEXT_NODE) return node.textContent;
+            let out = '';
+            const kids = node.shadowRoot ? [...node.shadowRoot.childNodes] : [];
+            for (const child of [...kids, ...node.childNodes]) out += ' ' + text(child);
+            return out;
+          };
+          for (const card of deep(document, 'hui-tile-card')) {
+            const t = text(card).replace(/\\s+/g, ' ').trim();
+            if (t.startsWith(name + ' ')) return t.slice(name.length).trim();
+          }
+          return null;
+        }""",
+        name,
+    )
+
+
+def _wait_tile(page, name: str, pattern: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        state = _tile_state(page, name)
+        if state is not None and re.fullmatch(pattern, state):
+            return state
+        time.sleep(1)
+    raise AssertionError(f"tile {name!r} shows {state!r}, wanted /{pattern}/")
+
+
+def test_dashboard_in_a_browser(stack: DemoStack) -> None:
+    """Log in as the demo user, open the Hearth dashboard, see live queue-health values."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `make e2e` (it installs Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    async def voice_turn(ha: HomeAssistantClient) -> str:
+        return await ha.voice_turn("Is the porch light on?", stack.pipeline_id, device_id=None,
+                                   timeout_s=180)
+
+    assert _ha(stack, voice_turn).strip()  # so the voice tiles have a value
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.set_default_timeout(60_000)
+            page.goto(stack.s.dashboard_url)
+            # Not logged in: Home Assistant sends the browser to its login page.
+            page.wait_for_url(re.compile(r"/auth/authorize"))
+            page.get_by_label("Username").fill(stack.s.username)
+            page.get_by_label("Password", exact=True).fill(stack.s.password)
+            page.keyboard.press("Enter")
+            page.wait_for_url(re.compile(r"/hearth-dashboard/hearth"))
+            page.locator("hui-tile-card").first.wait_for()
+
+            # Live values: a number of tok/s, the chat TTFT p95 of the turns sent, KV use, the
+            # server reachable.
+            _wait_tile(page, "Tokens/s", rf"{NUMBER} tok/s", 90)
+            _wait_tile(page, "Chat TTFT", rf"{NUMBER} ms", 90)
+            _wait_tile(page, "KV cache", rf"{NUMBER} ?%", 60)
+            _wait_tile(page, "Jobs failed", NUMBER, 30)
+            _wait_tile(page, "Voice TTFT", rf"{NUMBER} ms", 60)
+            page.get_by_text("Connected").first.wait_for()
+
+            # The household mix of `make demo-load` in flight, so the picture shows a busy queue.
+            load_pool = ThreadPoolExecutor(1)
+            load = load_pool.submit(asyncio.run, run_load(
+                stack.s.ha_url, stack.s.username, stack.s.password, voice=3, chat=1, jobs=2,
+                duration=90, say=lambda line: print(line, flush=True), seed=8))
+
+            # Wait (bounded) until the tiles show tokens flowing and background work queued or
+            # running, for the picture.
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                speed = _tile_state(page, "Tokens/s") or ""
+                busy = [_tile_state(page, name) for name in
+                        ("Background waiting", "Background running")]
+                if (re.match(r"(?!0(\.0+)? )" + NUMBER, speed)
+                        and any(b and b != "0" for b in busy)):
+                    break
+                time.sleep(1)
+            time.sleep(2)  # let the history graphs draw
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT))
+            print(f"screenshot: {SCREENSHOT} (Tokens/s tile: {_tile_state(page, 'Tokens/s')})")
+            result = load.result(timeout=150)
+            load_pool.shutdown()
+            print(result.report())
+        finally:
+            browser.close()
+    assert SCREENSHOT.stat().st_size > 10_000
+    assert result.voice and result.chat and len(result.jobs) == 2, result.report()
+    assert not result.errors, result.report()
