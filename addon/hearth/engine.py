@@ -309,13 +309,10 @@ class EngineCore:
             self.running.append(r)
 
     def _evict_entry(self, avoid: Any) -> None:
-        for e in list(self.pool.entries.values()):
-            if e is not avoid:
-                self.pool.entries.move_to_end(e.seq_id, last=False)
-                break
-        seq = self.pool.evict_lru()
-        self.b.seq_rm(seq)
-        self.pool.give_id(seq)
+        seq = self.pool.evict(avoid=avoid)
+        if seq is not None:
+            self.b.seq_rm(seq)
+            self.pool.give_id(seq)
 
     def _release_seq(self, r: Request) -> None:
         """Free a running sequence's id and cells."""

@@ -119,19 +119,28 @@ class KVPool:
         if shared is not None:
             shared.sharers.add(entry)
         for e in list(self.entries.values()):
-            # An older entry that is a prefix of this one serves no lookup this one cannot.
+            # An older entry that is a prefix of this one serves no lookup this one cannot; its
+            # record of being useful passes on.
             if len(e.tokens) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e.tokens):
+                entry.hits = max(entry.hits, e.hits)
                 drop.append(self._remove(e))
         self.entries[seq_id] = entry
         while len(self.entries) > self.max_entries:
-            drop.append(self.evict_lru())
+            drop.append(self.evict(avoid=entry))  # type: ignore[arg-type]
         return drop
 
-    def evict_lru(self) -> int:
-        """Give up the least recently used entry; returns its seq id (caller clears it)."""
-        e = next(iter(self.entries.values()))
+    def evict(self, avoid: PrefixEntry | None = None) -> int | None:
+        """Give up one entry; returns its seq id (the caller clears it), or None.
+
+        Entries that never served a hit go first, least recently used first: a summarised
+        document is rarely asked again, while a satellite's system prompt is hit on every
+        turn and must survive the churn of one-off prompts. Then plain LRU."""
+        cands = [e for e in self.entries.values() if e is not avoid]
+        if not cands:
+            return None
+        victim = next((e for e in cands if e.hits == 0), cands[0])
         self.evictions += 1
-        return self._remove(e)
+        return self._remove(victim)
 
     def _remove(self, e: PrefixEntry) -> int:
         del self.entries[e.seq_id]

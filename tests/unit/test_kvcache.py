@@ -38,8 +38,8 @@ def test_insert_supersedes_prefixes_and_evicts_lru():
     assert pool.insert(0, [1, 2], own=2, shared=None) == []
     assert pool.insert(1, [1, 2, 3], own=3, shared=None) == [0]  # [1,2] is now redundant
     assert pool.insert(2, [5, 6], own=2, shared=None) == []
-    pool.lookup([1, 2, 3, 4])  # touch entry 1
-    assert pool.insert(3, [8, 9], own=2, shared=None) == [2]  # LRU was entry 2
+    pool.lookup([1, 2, 3, 4])  # touch entry 1 (a hit)
+    assert pool.insert(3, [8, 9], own=2, shared=None) == [2]  # never hit, least recent
     assert sorted(pool.entries) == [1, 3]
     assert pool.cached_cells == 5
 
@@ -57,7 +57,7 @@ def test_evicting_a_shared_entry_moves_its_cells_to_the_sharers():
     entry.sharers.add(s)
     pool.add_cells(20)
     assert pool.used_cells == 120
-    pool.evict_lru()
+    pool.evict()
     assert pool.used_cells == 120  # the cells live on in the sharer
     assert s.shared is None and s.shared_len == 0
 
@@ -65,3 +65,18 @@ def test_evicting_a_shared_entry_moves_its_cells_to_the_sharers():
 def test_disabled_cache_hands_sequences_back():
     pool = KVPool(n_ctx=100, n_seq_max=2, max_entries=8, enabled=False)
     assert pool.insert(1, [1, 2], own=2, shared=None) == [1]
+
+
+def test_a_prompt_that_serves_hits_outlives_one_off_prompts():
+    pool = KVPool(n_ctx=100_000, n_seq_max=12, max_entries=3)
+    system = list(range(1000))
+    pool.insert(0, [*system, 1, 2], own=1002, shared=None)
+    assert pool.lookup([*system, 7])[1] == 1000  # a satellite's second turn hits it
+    for i in range(1, 8):  # a stream of one-off documents
+        pool.insert(i, [50_000 + i] * 300, own=300, shared=None)
+    assert 0 in pool.entries
+    # A conversation's next turn extends the entry, supersedes it and inherits its usefulness.
+    assert pool.insert(9, [*system, 1, 2, 7, 8], own=2, shared=pool.entries[0]) == [0]
+    for i in range(10, 12):
+        pool.insert(i, [60_000 + i] * 300, own=300, shared=None)
+    assert 9 in pool.entries
