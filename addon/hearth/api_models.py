@@ -3,9 +3,9 @@ with a 400 that names it."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from .scheduler import class_rank
 
@@ -13,6 +13,16 @@ from .scheduler import class_rank
 class _Body(BaseModel):
     # Unknown OpenAI fields (logprobs, n=1, ...) are accepted and ignored, as other servers do.
     model_config = ConfigDict(extra="allow")
+
+
+def _known_class(v: str | int | None) -> str | int | None:
+    if v is not None:
+        class_rank(v)  # raises ValueError: a 400 naming `priority`
+    return v
+
+
+# A class name or rank, checked when the body is validated.
+Priority = Annotated[str | int | None, AfterValidator(_known_class)]
 
 
 class CalledFunction(_Body):
@@ -55,16 +65,9 @@ class SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
-    priority: str | int | None = None
+    priority: Priority = None
     ignore_eos: bool = False
     n: int = Field(1, ge=1, le=1)
-
-    @field_validator("priority")
-    @classmethod
-    def _known_class(cls, v: str | int | None) -> str | int | None:
-        if v is not None:
-            class_rank(v)
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -115,15 +118,8 @@ class EmbeddingRequest(_Body):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(None, max_length=256)
-    priority: str | int | None = None
+    priority: Priority = None
     dimensions: int | None = None
-
-    @field_validator("priority")
-    @classmethod
-    def _known_class(cls, v: str | int | None) -> str | int | None:
-        if v is not None:
-            class_rank(v)
-        return v
 
 
 class JobCreate(_Body):

@@ -71,38 +71,33 @@ def test_decodes_are_never_starved_by_prefill():
             "every running chat gets a token in every iteration of the long prefill"
 
 
-def test_background_still_finishes_under_continuous_chat_load():
-    """Aging: a background job rises a class per aging period, so chats cannot starve it."""
-    core, b = make_core("hearth", n_parallel=2, aging_seconds={"background": 5.0})
+def background_under_chat_load(aging_background: float, until: float):
+    """Two slots kept saturated with chat (four chats always outstanding) while one background
+    request waits. Returns the background request and its sink."""
+    core, b = make_core("hearth", n_parallel=2, aging_seconds={"background": aging_background})
     bg, bgs = request(b, "background", 50, 20, user="auto", seed=5)
     core.submit(bg)
-    chats = []
+    chats: list = []
     seed = 100
-    # Keep the two slots saturated with chat for a long virtual time.
-    while b.t < 120 and not bg.finished:
+    while b.t < until and not bg.finished:
         while sum(1 for r, _ in chats if not r.finished) < 4:
             r, s = request(b, "chat", 30, 60, user=f"u{seed % 2}", seed=seed)
             seed += 1
             core.submit(r)
             chats.append((r, s))
         core.step()
+    return bg, bgs
+
+
+def test_background_still_finishes_under_continuous_chat_load():
+    """Aging: a background job rises a class per aging period, so chats cannot starve it."""
+    bg, bgs = background_under_chat_load(aging_background=5.0, until=120)
     assert bg.finished and bgs.done.finish_reason == "length"
     assert bg.first_admitted_at - bg.arrival >= 10.0  # it had to age up to chat
 
 
 def test_background_starves_without_aging_under_the_same_load():
-    core, b = make_core("hearth", n_parallel=2, aging_seconds={"background": 1e9})
-    bg, _ = request(b, "background", 50, 20, user="auto", seed=5)
-    core.submit(bg)
-    chats = []
-    seed = 100
-    while b.t < 60:
-        while sum(1 for r, _ in chats if not r.finished) < 4:
-            r, s = request(b, "chat", 30, 60, user=f"u{seed % 2}", seed=seed)
-            seed += 1
-            core.submit(r)
-            chats.append((r, s))
-        core.step()
+    bg, _ = background_under_chat_load(aging_background=1e9, until=60)
     assert not bg.finished and bg.first_admitted_at is None
 
 
