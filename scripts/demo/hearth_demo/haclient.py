@@ -59,14 +59,15 @@ class HomeAssistantClient:
         return await self.request("POST", path, json=json, **kw)
 
     async def wait_http(self, timeout_s: float, is_alive: Any = None) -> None:
-        """Wait until Home Assistant's HTTP server answers (its login providers)."""
+        """Wait until Home Assistant's HTTP server answers (its login providers: 200, or 400
+        ``onboarding_required`` before onboarding)."""
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
         while time.monotonic() < deadline:
             if is_alive is not None and not is_alive():
                 raise HAError("Home Assistant exited while starting (see its log)")
             try:
-                await self.get("/auth/providers", timeout_s=5)
+                await self.get("/auth/providers", timeout_s=5, ok=(200, 400))
                 return
             except (aiohttp.ClientError, TimeoutError, HAError) as err:
                 last = err

@@ -72,8 +72,8 @@ async def _client(session: aiohttp.ClientSession, url: str, username: str,
 
 
 async def run_load(ha_url: str, username: str, password: str, *, voice: int = 6, chat: int = 2,
-                   jobs: int = 3, duration: float = 120.0, say: Any = print,
-                   seed: int | None = None) -> LoadResult:
+                   jobs: int = 3, duration: float = 120.0, job_tokens: int = 256,
+                   say: Any = print, seed: int | None = None) -> LoadResult:
     """Send ``voice`` voice turns, ``chat`` typed turns and ``jobs`` background jobs, spread
     over at most ``duration`` seconds; waits for the turns (not the jobs) to finish."""
     rng = random.Random(seed)
@@ -100,8 +100,9 @@ async def run_load(ha_url: str, username: str, password: str, *, voice: int = 6,
                         answer = await main.post(
                             "/api/services/hearth/submit_job?return_response",
                             {"config_entry_id": entry_id, "text": DOCUMENT * 3,
-                             "instructions": "Summarise this week's household notes.",
-                             "max_tokens": 160, "tag": f"demo_summary_{i}"},
+                             "instructions": "Write a detailed day-by-day summary of this "
+                                             "week's household notes, with advice for each day.",
+                             "max_tokens": job_tokens, "tag": f"demo_summary_{i}"},
                         )
                         job_id = answer["service_response"]["job_id"]
                         result.jobs.append(job_id)

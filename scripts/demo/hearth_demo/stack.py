@@ -233,10 +233,13 @@ class DemoStack:
         entries = await ha.get("/api/config/config_entries/entry?domain=hearth")
         for entry in entries:
             if (entry["entry_id"] == remembered.get("entry_id")
-                    and remembered.get("server_url") == self.s.server_url
-                    and entry["state"] == "loaded"):
-                return entry["entry_id"]
-        for entry in entries:  # stale: another URL, or not loaded
+                    and remembered.get("server_url") == self.s.server_url):
+                if entry["state"] != "loaded":
+                    # Home Assistant started while the model was still loading: the entry
+                    # waits to retry. Retry now instead of after its back-off.
+                    await ha.post(f"/api/config/config_entries/entry/{entry['entry_id']}/reload")
+                return await _wait_entry_loaded(ha, entry["entry_id"])
+        for entry in entries:  # not the one this demo made for this URL
             await ha.request("DELETE", f"/api/config/config_entries/entry/{entry['entry_id']}")
         flow = await ha.post("/api/config/config_entries/flow",
                              {"handler": "hearth", "show_advanced_options": False})
@@ -247,16 +250,7 @@ class DemoStack:
             raise HAError(f"the Hearth config flow did not create an entry: {flow}")
         entry_id = flow["result"]["entry_id"]
         state_file.write_text(json.dumps({"entry_id": entry_id, "server_url": self.s.server_url}))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            entries = await ha.get("/api/config/config_entries/entry?domain=hearth")
-            state = next((e["state"] for e in entries if e["entry_id"] == entry_id), None)
-            if state == "loaded":
-                return entry_id
-            if state in ("setup_error", "migration_error", "failed_unload"):
-                raise HAError(f"the Hearth entry failed to set up ({state}); see the HA log")
-            await asyncio.sleep(1)
-        raise TimeoutError("the Hearth config entry did not load within 60s")
+        return await _wait_entry_loaded(ha, entry_id)
 
     # -- stop ---------------------------------------------------------------------------------
 
@@ -301,6 +295,20 @@ class DemoStack:
             "  Stop           : Ctrl-C",
             "",
         ])
+
+
+async def _wait_entry_loaded(ha: HomeAssistantClient, entry_id: str, timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        entries = await ha.get("/api/config/config_entries/entry?domain=hearth")
+        state = next((e["state"] for e in entries if e["entry_id"] == entry_id), None)
+        if state == "loaded":
+            return entry_id
+        if state in ("setup_error", "migration_error", "failed_unload", None):
+            break
+        await asyncio.sleep(1)
+    raise HAError(f"the Hearth config entry is {state!r}, not loaded (see the Home Assistant log)")
 
 
 async def _wait_running(ha: HomeAssistantClient, timeout_s: float) -> None:
