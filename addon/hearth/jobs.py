@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from .api_models import ChatCompletionRequest, EmbeddingRequest
 from .completions import Completion, CompletionError, embeddings
+from .scheduler import class_rank
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +287,7 @@ class JobRunner:
 
     async def _run(self, job: dict[str, Any]) -> None:
         job_id = job["id"]
-        rank = _rank(job["class"])
+        rank = class_rank(job["class"])
         try:
             while True:
                 try:
@@ -325,12 +326,6 @@ class JobRunner:
             return await comp.result()
         finally:
             comp.cancel()
-
-
-def _rank(cls: str) -> int:
-    from .scheduler import class_rank
-
-    return class_rank(cls)
 
 
 def validate_job_request(kind: str, request: Any) -> None:
