@@ -155,11 +155,14 @@ async def _async_submit_job(call: ServiceCall) -> ServiceResponse:
     return {"job_id": job.get("id"), "status": job.get("status")}
 
 
-async def _async_get_job(call: ServiceCall) -> ServiceResponse:
+async def _async_job_call(call: ServiceCall, *, cancel: bool) -> ServiceResponse:
+    """Look a job up, or cancel it; an unknown id is the caller's mistake."""
     hass = call.hass
     entry = _async_get_entry(hass, call)
+    client = entry.runtime_data.client
+    request = client.async_cancel_job if cancel else client.async_get_job
     try:
-        job = await entry.runtime_data.client.async_get_job(call.data[ATTR_JOB_ID])
+        job = await request(call.data[ATTR_JOB_ID])
     except NotFound as err:
         raise ServiceValidationError(
             translation_domain=DOMAIN,
@@ -168,24 +171,18 @@ async def _async_get_job(call: ServiceCall) -> ServiceResponse:
         ) from err
     except HearthError as err:
         _raise_for(entry, hass, err)
+    if cancel:
+        # The cancelled job's final event is still worth announcing.
+        entry.runtime_data.jobs.async_track(job)
     return _job_response(job)
+
+
+async def _async_get_job(call: ServiceCall) -> ServiceResponse:
+    return await _async_job_call(call, cancel=False)
 
 
 async def _async_cancel_job(call: ServiceCall) -> ServiceResponse:
-    hass = call.hass
-    entry = _async_get_entry(hass, call)
-    try:
-        job = await entry.runtime_data.client.async_cancel_job(call.data[ATTR_JOB_ID])
-    except NotFound as err:
-        raise ServiceValidationError(
-            translation_domain=DOMAIN,
-            translation_key="unknown_job",
-            translation_placeholders={"job_id": call.data[ATTR_JOB_ID]},
-        ) from err
-    except HearthError as err:
-        _raise_for(entry, hass, err)
-    entry.runtime_data.jobs.async_track(job)
-    return _job_response(job)
+    return await _async_job_call(call, cancel=True)
 
 
 @callback
