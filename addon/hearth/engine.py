@@ -259,6 +259,12 @@ class EngineCore:
         if not self.waiting:
             return
         for r in self.policy.order(list(self.waiting), now, self.running):
+            if r.sampler is None:
+                try:
+                    r.sampler = self.b.new_sampler(r.sampling)
+                except Exception as e:  # e.g. a grammar llama.cpp refuses: this request's fault
+                    self._fail(r, f"cannot sample this request: {e}", now, status=400)
+                    continue
             if not self.policy.may_admit(r, self.running, self.waiting, now):
                 if len(self.running) < self.policy.max_running:
                     continue  # held back by its class cap; others may still go
@@ -304,8 +310,6 @@ class EngineCore:
                 r.first_admitted_at = now
                 r.cached_tokens = min(r.n_past, r.n_prompt)
             r.admitted_at = now
-            if r.sampler is None:
-                r.sampler = self.b.new_sampler(r.sampling)
             self.running.append(r)
 
     def _evict_entry(self, avoid: Any) -> None:

@@ -266,7 +266,7 @@ class Sampler:
         if p.grammar:
             g = L.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
             if not g:
-                L.llama_sampler_free(self.ptr)
+                self.close()  # before __del__ sees the pointer: a second free would crash
                 raise LlamaError("invalid grammar")
             add(g)
         if p.repeat_penalty != 1.0:
@@ -327,6 +327,16 @@ class Utf8Decoder:
     def flush(self) -> str:
         out, self._pending = self._pending.decode("utf-8", "replace"), b""
         return out
+
+
+def check_grammar(model: Model, gbnf: str) -> None:
+    """Raise ValueError if llama.cpp will not parse ``gbnf`` (root rule ``root``): the
+    converter emits grammars llama.cpp refuses, e.g. a maxLength past its repetition limit."""
+    g = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
+    if not g:
+        raise ValueError("llama.cpp cannot use the grammar made from this schema (too many "
+                         "repetitions, e.g. a large maxLength or maxItems?)")
+    L.llama_sampler_free(g)
 
 
 def json_schema_grammar(schema: dict) -> str:

@@ -246,3 +246,25 @@ def test_prompt_longer_than_context_is_refused():
     with pytest.raises(RequestError) as e:
         core.submit(request(b, "chat", 150, 1)[0])
     assert e.value.code == "context_length_exceeded"
+
+
+class RefusingGrammars(SimBackend):
+    """llama.cpp refuses some grammars the JSON-schema converter emits."""
+
+    def new_sampler(self, p):
+        if p.grammar == "refused":
+            raise ValueError("invalid grammar")
+        return super().new_sampler(p)
+
+
+def test_a_sampler_that_cannot_be_built_fails_only_its_request():
+    core, b = make_core("hearth", backend=RefusingGrammars(n_seq_max=16), prefix_cache=False)
+    bad, bad_sink = request(b, "chat", 20, 4, seed=1)
+    bad.sampling.grammar = "refused"
+    good, good_sink = request(b, "chat", 20, 4, seed=2)
+    core.submit(bad)
+    core.submit(good)
+    run_until(core, lambda: bad_sink.done is not None and good_sink.done is not None)
+    assert bad_sink.done.kind == "error" and bad_sink.done.status == 400
+    assert good_sink.done.kind == "done" and good.n_generated == 4
+    assert not core.running and not core.waiting and core.pool.used_cells == 0
