@@ -5,9 +5,11 @@ Measures what the Engine issue asks for:
      ``hearth`` and ``fifo`` modes (and what the prefill bound costs background throughput);
   2. aggregate decode tokens/s with 8 concurrent chats against a bare batched decode loop on the
      same context, and the engine's Python time per iteration;
-  3. warm vs cold TTFT with a ~1,500-token Home-Assistant-style system prompt.
+  3. warm vs cold TTFT with a ~1,200-token Home-Assistant-style system prompt;
+  4. an uncached voice prompt of that size while chats stream: its TTFT against alone, and the
+     longest gap the chats see between two tokens meanwhile.
 
-Usage: python bench/engine_bench.py [--quick] [--out bench/results]
+Usage: python bench/engine_bench.py [--quick] [--only SCENARIO ...] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -248,41 +250,107 @@ class Bench:
             e.stop()
             b.close()
 
+    # -- 4. an uncached voice prompt while chats stream -------------------------------------
+    def voice_beside_streams(self) -> dict:
+        """A voice request whose ~1,200-token system prompt is not cached arrives while four
+        chats stream: its TTFT against the same prompt alone, and the longest gap the chats
+        see between two tokens meanwhile."""
+        system = ha_system_prompt(60)
+        e, b = self.engine("hearth", prefix_cache=False)
+        rounds = []
+        try:
+            for i, cmd in enumerate(["Turn on the kitchen light.", "Is the door locked?",
+                                     "Dim the bedroom lamp."][: 2 if self.quick else 3]):
+                voice = self.tokens(f"{cmd} #{i}", system=system)
+                r, s = self.run(e, voice, "voice", 4)
+                s.done.wait(120)
+                solo = r.first_token_at - r.arrival
+                chats = [self.run(e, self.tokens(f"Tell me a long story about topic {i}.{j}"),
+                                  "chat", 2000) for j in range(4)]
+                while not all(c.n_generated >= 3 for c, _ in chats):
+                    time.sleep(0.01)
+                v, vs = self.run(e, voice, "voice", 4)
+                vs.done.wait(120)
+                gaps = []
+                for c, _ in chats:
+                    e.cancel(c.id)
+                    t = c.first_token_at
+                    for g in list(c.itl):
+                        if v.arrival <= t + g and t <= v.first_token_at:
+                            gaps.append(g)
+                        t += g
+                for _, cs in chats:
+                    cs.done.wait(60)
+                rounds.append({"voice_prompt_tokens": len(voice), "solo_ttft_ms": 1000 * solo,
+                               "ttft_ms": 1000 * (v.first_token_at - v.arrival),
+                               "max_chat_gap_ms": 1000 * max(gaps, default=float("nan"))})
+        finally:
+            e.stop()
+            b.close()
+        return {"rounds": rounds,
+                "ttft_ratio_mean": statistics.mean(x["ttft_ms"] / x["solo_ttft_ms"]
+                                                   for x in rounds),
+                "max_chat_gap_ms": max(x["max_chat_gap_ms"] for x in rounds)}
+
 
 def markdown(res: dict) -> str:
-    out = ["| scenario | idle voice TTFT p95 | loaded voice TTFT p95 | ratio | background "
-           "tok/s (prompt+gen) | aborted iterations |", "|---|---|---|---|---|---|"]
-    for v in res["voice_under_load"]:
-        out.append(f"| {v['mode']} | {v['idle_voice_ttft_ms']['p95']:.0f} ms | "
-                   f"{v['loaded_voice_ttft_ms']['p95']:.0f} ms | {v['ratio_p95']:.2f}× | "
-                   f"{v['background_tokens_per_s']:.0f} | {v['aborted_iterations']} |")
-    d = res["decode"]
-    out += ["", f"Decode, 8 concurrent chats: engine {d['engine_decode_tokens_per_s']:.1f} tok/s, "
-            f"bare loop {d['bare_decode_tokens_per_s']:.1f} tok/s ({100 * d['ratio']:.1f} %); "
-            f"Python time per iteration {d['python_overhead_ms_mean']:.2f} ms "
-            f"({100 * d['python_overhead_share_mean']:.1f} % of the iteration)."]
-    c = res["prefix_cache"]
-    out += [f"Prefix cache, {c['system_prompt_tokens']}-token system prompt: cold TTFT "
-            f"{c['cold_ttft_ms']:.0f} ms, warm {', '.join(f'{w:.0f}' for w in c['warm_ttft_ms'])}"
-            f" ms ({100 * c['ratio']:.1f} % of cold)."]
+    out: list[str] = []
+    if res.get("voice_under_load"):
+        out += ["| scenario | idle voice TTFT p95 | loaded voice TTFT p95 | ratio | background "
+                "tok/s (prompt+gen) | aborted iterations |", "|---|---|---|---|---|---|"]
+        for v in res["voice_under_load"]:
+            out.append(f"| {v['mode']} | {v['idle_voice_ttft_ms']['p95']:.0f} ms | "
+                       f"{v['loaded_voice_ttft_ms']['p95']:.0f} ms | {v['ratio_p95']:.2f}× | "
+                       f"{v['background_tokens_per_s']:.0f} | {v['aborted_iterations']} |")
+        out.append("")
+    if d := res.get("decode"):
+        out.append(f"Decode, 8 concurrent chats: engine {d['engine_decode_tokens_per_s']:.1f} "
+                   f"tok/s, bare loop {d['bare_decode_tokens_per_s']:.1f} tok/s "
+                   f"({100 * d['ratio']:.1f} %); Python time per iteration "
+                   f"{d['python_overhead_ms_mean']:.2f} ms "
+                   f"({100 * d['python_overhead_share_mean']:.1f} % of the iteration).")
+    if c := res.get("prefix_cache"):
+        warm = ", ".join(f"{w:.0f}" for w in c["warm_ttft_ms"])
+        out.append(f"Prefix cache, {c['system_prompt_tokens']}-token system prompt: cold TTFT "
+                   f"{c['cold_ttft_ms']:.0f} ms, warm {warm} ms ({100 * c['ratio']:.1f} % of "
+                   f"cold).")
+    if vb := res.get("voice_beside_streams"):
+        beside = ", ".join(f"{x['ttft_ms']:.0f}" for x in vb["rounds"])
+        alone = ", ".join(f"{x['solo_ttft_ms']:.0f}" for x in vb["rounds"])
+        out.append(f"Uncached voice prompt ({vb['rounds'][0]['voice_prompt_tokens']} tokens) "
+                   f"while 4 chats stream: TTFT {beside} ms vs alone {alone} ms "
+                   f"({vb['ttft_ratio_mean']:.2f}×); longest gap between two chat tokens "
+                   f"meanwhile {vb['max_chat_gap_ms']:.0f} ms.")
     return "\n".join(out)
+
+
+SCENARIOS = ("voice_under_load", "decode", "prefix_cache", "voice_beside_streams")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=SCENARIOS, action="append",
+                    help="run only this scenario (repeatable)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    wanted = args.only or SCENARIOS
     b = Bench(args.quick)
-    res: dict = {"when": datetime.now().isoformat(timespec="seconds"), "quick": args.quick,
-                 "voice_under_load": []}
-    for mode, relax in (("hearth", False), ("hearth", True), ("fifo", False)):
-        print(f"voice under load: {mode}{' relaxed' if relax else ''} …", file=sys.stderr)
-        res["voice_under_load"].append(b.voice_under_load(mode, relax))
-    print("decode throughput …", file=sys.stderr)
-    res["decode"] = b.decode_throughput()
-    print("prefix cache …", file=sys.stderr)
-    res["prefix_cache"] = b.prefix_cache()
+    res: dict = {"when": datetime.now().isoformat(timespec="seconds"), "quick": args.quick}
+    if "voice_under_load" in wanted:
+        res["voice_under_load"] = []
+        for mode, relax in (("hearth", False), ("hearth", True), ("fifo", False)):
+            print(f"voice under load: {mode}{' relaxed' if relax else ''} …", file=sys.stderr)
+            res["voice_under_load"].append(b.voice_under_load(mode, relax))
+    if "decode" in wanted:
+        print("decode throughput …", file=sys.stderr)
+        res["decode"] = b.decode_throughput()
+    if "prefix_cache" in wanted:
+        print("prefix cache …", file=sys.stderr)
+        res["prefix_cache"] = b.prefix_cache()
+    if "voice_beside_streams" in wanted:
+        print("uncached voice beside streams …", file=sys.stderr)
+        res["voice_beside_streams"] = b.voice_beside_streams()
     out = Path(args.out) / ("engine-" + datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine.json").write_text(json.dumps(res, indent=2))

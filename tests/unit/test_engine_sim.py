@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from sim_backend import Collector, SimBackend, make_core, request, run_until
 
-from hearth.engine import RequestError
+from hearth.engine import VOICE_PREFILL_STRETCH, RequestError
 from hearth.requests import Request
 
 
@@ -268,3 +270,42 @@ def test_a_sampler_that_cannot_be_built_fails_only_its_request():
     assert bad_sink.done.kind == "error" and bad_sink.done.status == 400
     assert good_sink.done.kind == "done" and good.n_generated == 4
     assert not core.running and not core.waiting and core.pool.used_cells == 0
+
+
+def voice_prefill_beside_a_stream(prompt_len: int) -> tuple[float, float, float]:
+    """An uncached voice prompt of ``prompt_len`` tokens arrives while a chat streams.
+    Returns (longest gap between the chat's tokens meanwhile, voice TTFT, solo voice TTFT)."""
+    core, b = make_core("hearth", prefix_cache=False)
+    solo, solo_sink = request(b, "voice", prompt_len, 2, seed=5)
+    core.submit(solo)
+    run_until(core, lambda: solo_sink.done is not None)
+    solo_ttft = solo.first_token_at - solo.arrival
+
+    core, b = make_core("hearth", prefix_cache=False)
+    chat, chat_sink = request(b, "chat", 20, 10_000, seed=6)
+    core.submit(chat)
+    run_until(core, lambda: chat.n_generated >= 3)
+    voice, _ = request(b, "voice", prompt_len, 2, seed=5)
+    core.submit(voice)
+    run_until(core, lambda: voice.first_token_at is not None)
+    core.step()
+    times = [t for e, t in zip(chat_sink.events, chat_sink.times, strict=True)
+             if e.kind == "token" and t >= voice.arrival]
+    gap = max(later - t for t, later in pairwise(times))
+    return gap, voice.first_token_at - voice.arrival, solo_ttft
+
+
+def test_a_long_uncached_voice_prompt_does_not_freeze_other_streams():
+    gap, ttft, solo = voice_prefill_beside_a_stream(2000)  # ~4 s of prefill in this backend
+    assert gap <= VOICE_PREFILL_STRETCH * 0.06 + 0.01  # bounded like any prefill, if looser
+    assert ttft <= 1.2 * solo  # and voice pays little for the bound
+
+
+def test_a_short_voice_prompt_still_goes_in_one_iteration():
+    core, b = make_core("hearth", prefix_cache=False)
+    chat, _ = request(b, "chat", 20, 10_000, seed=6)
+    core.submit(chat)
+    run_until(core, lambda: chat.n_generated >= 3)
+    voice, _ = request(b, "voice", 100, 2, seed=5)
+    core.submit(voice)
+    assert run_until(core, lambda: voice.first_token_at is not None) == 1
