@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from household import metrics, report  # noqa: E402
+from household.cpu import CpuWatch  # noqa: E402
 from household.driver import Replay, Target, warmup_calls  # noqa: E402
 from household.progress import Progress  # noqa: E402
 from household.workload import (  # noqa: E402
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     model = None
     for i, name in enumerate(names):
         progress.start_mode(i)
-        loadavg = os.getloadavg()[0]
+        cpu = CpuWatch()
+        cpu.start()
         if name in HEARTH_MODES:
             from hearth_server import HearthServer
 
@@ -203,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                             api_key=args.api_key)
             rp = replay(target, sessions, duration, drain, progress)
             description = f"OpenAI-compatible server at {url}"
+        other_cpu = cpu.stop()
         model = model or target.model
         recs = [asdict(r) for r in rp.results]
         records[name] = recs
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         (raw / f"requests-{name}.json").write_text(json.dumps(recs))
         (raw / f"queue-{name}.json").write_text(json.dumps(rp.queue_samples))
         results.append({"name": name, "description": description, "url": target.url,
-                        "model": target.model, "loadavg_before": round(loadavg, 2),
+                        "model": target.model,
+                        "other_cpu_share": None if other_cpu is None else round(other_cpu, 3),
                         "queue_polled": bool(rp.queue_available), "summary": summary,
                         "queue_samples": rp.queue_samples})
         t = summary["totals"]
@@ -222,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             " generated tok/s while busy")
 
     notes = []
-    busy = [m for m in results if m["loadavg_before"] > 0.5 * (os.cpu_count() or 1)]
+    busy = [m for m in results if (m["other_cpu_share"] or 0) > 0.05]
     if busy:
-        notes.append("the machine was already busy before " + ", ".join(
-            f"{m['name']} (load average {m['loadavg_before']})" for m in busy)
-            + ": other work shared the CPU, so absolute numbers are pessimistic and noisier.")
+        notes.append("other processes took CPU time during " + ", ".join(
+            f"{m['name']} ({100 * m['other_cpu_share']:.0f} % of the machine)" for m in busy)
+            + ": absolute numbers are pessimistic and noisier.")
     if args.quick:
         notes.append("quick run: few requests per class, so p95/p99 rest on a handful of "
                      "samples; run without --quick for the numbers to quote.")

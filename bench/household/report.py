@@ -23,6 +23,16 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f} %"
 
 
+def _other_cpu(mode: dict) -> str:
+    """What other processes took of the CPU during the mode (older runs recorded the load
+    average before it, which lags)."""
+    if mode.get("other_cpu_share") is not None:
+        return f", other processes {_pct(mode['other_cpu_share'])} of the CPU"
+    if mode.get("loadavg_before") is not None:
+        return f", load average before {_f(mode['loadavg_before'], 2)}"
+    return ""
+
+
 def markdown(run: dict[str, Any], image_prefix: str = "") -> str:
     """The run's report; ``image_prefix`` is put before the plots' file names."""
     spec_slo = run["workload"]["slo"]
@@ -40,8 +50,7 @@ def markdown(run: dict[str, Any], image_prefix: str = "") -> str:
         "Trace: " + ", ".join(f"{c} {d['sessions']} sessions / {d['calls']} calls"
                               for c, d in run["workload"]["trace"].items()) + ".  ",
         "Modes, one after the other, same trace: " + "; ".join(
-            f"**{m['name']}** ({m['description']}, load average before "
-            f"{_f(m.get('loadavg_before'), 2)})" for m in modes) + ".",
+            f"**{m['name']}** ({m['description']}{_other_cpu(m)})" for m in modes) + ".",
         "",
         "## Per class",
         "",

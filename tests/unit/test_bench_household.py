@@ -243,7 +243,7 @@ def test_markdown_table(spec):
            "workload": {"file": "bench/workloads/household.json", "seed": 1, "duration_s": 60,
                         "load": 1.0, "trace": {"voice": {"sessions": 2, "calls": 2}},
                         "slo": spec["slo"], "fairness_window_s": 2.0},
-           "modes": [{"name": "hearth", "description": "d", "loadavg_before": 0.1,
+           "modes": [{"name": "hearth", "description": "d", "other_cpu_share": 0.25,
                       "summary": s},
                      {"name": "fifo", "description": "d", "loadavg_before": 0.2, "summary": s}],
            "notes": ["a note"]}
@@ -252,4 +252,5 @@ def test_markdown_table(spec):
     assert "TTFT ≤ 1.5 s" in md
     assert "(20260101-000000/ttft_cdf.png)" in md
     assert "- a note" in md
+    assert "other processes 25 % of the CPU" in md and "load average before 0.20" in md
     assert "**hearth against fifo:** voice p95 TTFT" in md and "within the 10 %" in md
