@@ -88,6 +88,8 @@ async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ApiError(400, "the body is not valid UTF-8", "invalid_utf8") from e
+    except RecursionError as e:  # e.g. 100,000 '[': the decoder gives up, not the input's shape
+        raise ApiError(400, "the body is nested too deeply", "invalid_json") from e
     except ValueError as e:
         raise ApiError(400, f"the body is not valid JSON: {e}", "invalid_json") from e
     if not isinstance(data, dict):

@@ -134,6 +134,7 @@ def test_json_schema_answer(server):
 
 @pytest.mark.parametrize(("body", "param"), [
     (b"{not json", None),
+    pytest.param(b"[" * 100_000, None, id="nested-too-deep"),  # the decoder gives up: was a 500
     ({"messages": "hello"}, "messages"),
     ({}, "messages"),
     ({"messages": []}, "messages"),
