@@ -18,7 +18,7 @@ from .api import CannotConnect, HearthClient, HearthError, InvalidAuth
 from .const import DOMAIN, LOGGER
 from .coordinator import HearthQueueCoordinator
 from .entity import server_device_info
-from .jobs import HearthJobWatcher
+from .jobs import HearthJobWatcher, pending_store
 from .services import async_setup_services
 
 PLATFORMS = (
@@ -68,6 +68,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
     await coordinator.async_config_entry_first_refresh()
 
     jobs = HearthJobWatcher(hass, entry, client)
+    await jobs.async_load()
     entry.runtime_data = HearthData(client, coordinator, jobs, health)
     # The server's device first: the agents' devices hang off it (via_device).
     dr.async_get(hass).async_get_or_create(
@@ -83,7 +84,15 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
 
 async def async_unload_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bool:
     """Unload a config entry; the job watcher's task is cancelled with it."""
-    return await hass.config_entries.async_unload_platforms(entry, PLATFORMS)
+    unloaded = await hass.config_entries.async_unload_platforms(entry, PLATFORMS)
+    if unloaded:
+        await entry.runtime_data.jobs.async_save()
+    return unloaded
+
+
+async def async_remove_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> None:
+    """Forget the entry's unfinished jobs with it."""
+    await pending_store(hass, entry.entry_id).async_remove()
 
 
 async def _async_update_listener(hass: HomeAssistant, entry: HearthConfigEntry) -> None:

@@ -3,7 +3,9 @@
 The server's ``/v1/events`` stream reports job state changes. The watcher follows it, resuming with
 ``Last-Event-ID`` after a dropped connection (reconnecting with exponential backoff). While the
 stream is down, or when the server has no event stream, it polls ``/v1/jobs/{id}`` for the jobs
-submitted through this integration, so no finished job goes unannounced.
+submitted through this integration, so no finished job goes unannounced. Those jobs are kept in
+Home Assistant's storage, so one that finishes while Home Assistant is down is announced once it
+is back.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers.storage import Store
 
 from .api import HearthClient, HearthError, InvalidAuth, NotFound
 from .const import (
+    DOMAIN,
     EVENT_JOB_FINISHED,
     EVENTS_BACKOFF_MAX,
     EVENTS_BACKOFF_MIN,
@@ -34,6 +38,14 @@ if TYPE_CHECKING:
 _FIRED_MEMORY = 1000
 # Jobs that finished this long before the watcher started are old news on a first connection.
 _STALE_AFTER_S = 60.0
+_STORAGE_VERSION = 1
+# Submissions and announcements in a burst are written once.
+_SAVE_DELAY_S = 1.0
+
+
+def pending_store(hass: HomeAssistant, entry_id: str) -> Store[dict[str, Any]]:
+    """The storage of one entry's unfinished jobs (id → tag)."""
+    return Store(hass, _STORAGE_VERSION, f"{DOMAIN}.jobs.{entry_id}")
 
 
 def job_result_text(job: dict[str, Any]) -> str | None:
@@ -122,6 +134,7 @@ class HearthJobWatcher:
         self._started = time.time()
         self._task: asyncio.Task | None = None
         self._poll_now = asyncio.Event()
+        self._store = pending_store(hass, entry.entry_id)
 
     @property
     def pending(self) -> dict[str, str | None]:
@@ -132,6 +145,23 @@ class HearthJobWatcher:
     def task(self) -> asyncio.Task | None:
         """Return the background task following the server."""
         return self._task
+
+    async def async_load(self) -> None:
+        """Take back the jobs that were unfinished when Home Assistant last stopped."""
+        data = await self._store.async_load()
+        if isinstance(data, dict) and isinstance(pending := data.get("pending"), dict):
+            self._pending.update(pending)
+
+    async def async_save(self) -> None:
+        """Write the unfinished jobs now (on unload: a delayed write would be lost)."""
+        await self._store.async_save(self._stored())
+
+    def _stored(self) -> dict[str, Any]:
+        return {"pending": dict(self._pending)}
+
+    @callback
+    def _async_pending_changed(self) -> None:
+        self._store.async_delay_save(self._stored, _SAVE_DELAY_S)
 
     @callback
     def async_start(self) -> None:
@@ -150,6 +180,7 @@ class HearthJobWatcher:
             self._async_job_update(job)
             return
         self._pending[job_id] = job.get("tag")
+        self._async_pending_changed()
         if not self.connected:
             self._poll_now.set()
 
@@ -160,7 +191,9 @@ class HearthJobWatcher:
         if not job_id or job.get("status") not in JOB_TERMINAL_STATES:
             return
         tracked = job_id in self._pending
-        self._pending.pop(job_id, None)
+        if tracked:
+            self._pending.pop(job_id)
+            self._async_pending_changed()
         if job_id in self._fired:
             return
         finished = job.get("finished_at")
@@ -243,8 +276,9 @@ class HearthJobWatcher:
         for job_id in list(self._pending):
             try:
                 job = await self.client.async_get_job(job_id)
-            except NotFound:
+            except NotFound:  # deleted on the server: nothing will ever finish
                 self._pending.pop(job_id, None)
+                self._async_pending_changed()
                 continue
             except HearthError as err:
                 LOGGER.debug("Cannot poll job %s: %s", job_id, err)

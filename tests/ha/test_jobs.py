@@ -196,6 +196,37 @@ async def test_polls_when_server_has_no_event_stream(
     assert not entry.runtime_data.jobs.pending
 
 
+@pytest.mark.parametrize("events", [False, True], ids=["polling", "event-stream"])
+async def test_a_job_that_finishes_while_home_assistant_is_down_is_announced(
+    hass: HomeAssistant, fake_hearth: FakeHearth, hass_storage: dict, events: bool
+) -> None:
+    """Unfinished jobs outlive an unload (Home Assistant stopping) through storage."""
+    fake_hearth.events_enabled = events
+    with patch("custom_components.hearth.jobs.JOB_POLL_INTERVAL", 0.05):
+        entry = await async_setup_hearth(hass, fake_hearth.url)
+        response = await hass.services.async_call(
+            DOMAIN, "submit_job", {"text": "Summarize the week.", "tag": "weekly"},
+            blocking=True, return_response=True,
+        )
+        job_id = response["job_id"]
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        stored = hass_storage[f"{DOMAIN}.jobs.{entry.entry_id}"]["data"]
+        assert stored["pending"] == {job_id: "weekly"}
+
+        fake_hearth.finish_job(job_id, "A quiet week.")  # while nobody listens
+        events = _collect(hass)
+        assert await hass.config_entries.async_setup(entry.entry_id)
+        await async_wait_for(lambda: events, within=10)
+        await hass.async_block_till_done()
+    assert len(events) == 1
+    assert events[0].data["job_id"] == job_id and events[0].data["tag"] == "weekly"
+    assert events[0].data["result"] == "A quiet week."
+    assert not entry.runtime_data.jobs.pending
+
+    assert await hass.config_entries.async_remove(entry.entry_id)
+    assert f"{DOMAIN}.jobs.{entry.entry_id}" not in hass_storage
+
+
 async def test_action_needs_a_loaded_server(
     hass: HomeAssistant, fake_entry: MockConfigEntry
 ) -> None:
