@@ -22,7 +22,10 @@ EXAMPLES = int(os.environ.get("HEARTH_FUZZ_EXAMPLES", "12"))
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory):
-    with HearthServer("--max-tokens-default", "8", "--n-threads", "1",
+    # A 2,048-token context bounds the work one request can ask for (~15 s of prefill on one
+    # thread), so the 60 s read timeout below tells a hang from a long prompt: with 8,192 a
+    # fuzzed request with a large tools array (rendered into the prompt) ran into it.
+    with HearthServer("--max-tokens-default", "8", "--n-threads", "1", "--n-ctx", "2048",
                       data_dir=tmp_path_factory.mktemp("fuzz")) as s:
         yield s
 
@@ -39,7 +42,9 @@ def _bound(body: object) -> None:
     """Keep generated requests short: fuzzing looks for crashes, not for long generations."""
     if isinstance(body, dict):
         for key in ("max_tokens", "max_completion_tokens"):
-            if isinstance(body.get(key), int) and body[key] > 8:
+            value = body.get(key)
+            # floats too: the API takes 14443.0 as an integer, and it ran past the timeout
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 8:
                 body[key] = 8
         if isinstance(body.get("request"), dict):
             _bound(body["request"])
