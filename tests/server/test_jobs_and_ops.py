@@ -131,22 +131,33 @@ def test_api_key_guards_everything_but_health(tmp_path):
 
 def test_full_queue_answers_429_for_that_class_while_voice_gets_in(tmp_path):
     with HearthServer("--max-queue", "2", "--n-parallel", "1", data_dir=tmp_path) as srv:
+        # A long chat holds the only slot (background cannot preempt it), so the two background
+        # requests behind it stay queued while the third is refused: nothing can finish in
+        # between and free a place, as a short request in the slot once did.
+        blocker = {"messages": [{"role": "user", "content": "Tell a long story."}],
+                   "max_tokens": 1500, "ignore_eos": True, "priority": "chat"}
         long = {"messages": [{"role": "user", "content": "Write a story."}],
                 "max_tokens": 300, "ignore_eos": True, "priority": "background"}
         results: list = []
 
-        def send():
-            results.append(srv.post("/v1/chat/completions", long, timeout=300))
+        def send(body):
+            results.append(srv.post("/v1/chat/completions", body, timeout=300))
 
-        threads = [threading.Thread(target=send) for _ in range(3)]
-        for t in threads:
+        def wait_queue(cond) -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if cond(srv.get("/v1/queue")[1]):
+                    return
+                time.sleep(0.05)
+            raise AssertionError("the queue never reached the expected state")
+
+        threads = [threading.Thread(target=send, args=(blocker,))]
+        threads[0].start()
+        wait_queue(lambda q: q["running"]["chat"] == 1)
+        threads += [threading.Thread(target=send, args=(long,)) for _ in range(2)]
+        for t in threads[1:]:
             t.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            _, q = srv.get("/v1/queue")
-            if q["waiting"]["background"] >= 2:
-                break
-            time.sleep(0.1)
+        wait_queue(lambda q: q["waiting"]["background"] == 2)
         req = urllib.request.Request(srv.url + "/v1/chat/completions", method="POST",
                                      data=json.dumps(long).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -156,6 +167,8 @@ def test_full_queue_answers_429_for_that_class_while_voice_gets_in(tmp_path):
         except urllib.error.HTTPError as e:
             assert e.code == 429 and int(e.headers["Retry-After"]) >= 1
             assert json.loads(e.read())["error"]["code"] == "queue_full"
+        _, q = srv.get("/v1/queue")
+        assert q["running"]["chat"] == 1  # the blocker was still running: the queue was full
         status, _ = srv.post("/v1/chat/completions", {
             "messages": [{"role": "user", "content": "lights off"}], "max_tokens": 4,
             "priority": "voice"})
