@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import aiohttp
@@ -140,30 +142,14 @@ class HomeAssistantClient:
         if answer.get("type") != "auth_ok":
             raise HAError(f"websocket auth failed: {answer}")
 
-    async def ws(self, type_: str, timeout_s: float = CALL_TIMEOUT, **fields: Any) -> Any:
-        """Send one command and return its result."""
+    async def _replies(self, type_: str, fields: dict[str, Any],
+                       timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+        """Send one command and yield the messages answering it until the caller stops or
+        ``timeout_s`` passes (TimeoutError); a failed result raises. It holds the websocket
+        lock until closed: use it under ``aclosing``."""
         if self._ws is None:
             await self.ws_connect()
         assert self._ws is not None
-        async with self._ws_lock:
-            msg_id = next(self._ids)
-            await self._ws.send_json({"id": msg_id, "type": type_, **fields})
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    msg = await self._ws.receive_json()
-                    if msg.get("id") == msg_id and msg.get("type") == "result":
-                        if not msg.get("success"):
-                            raise HAError(f"{type_} failed: {msg.get('error')}")
-                        return msg.get("result")
-
-    async def ws_events(self, type_: str, fields: dict[str, Any],
-                        timeout_s: float) -> list[dict[str, Any]]:
-        """Send a subscription-style command (e.g. assist_pipeline/run) and collect its events
-        until the run ends."""
-        if self._ws is None:
-            await self.ws_connect()
-        assert self._ws is not None
-        events: list[dict[str, Any]] = []
         async with self._ws_lock:
             msg_id = next(self._ids)
             await self._ws.send_json({"id": msg_id, "type": type_, **fields})
@@ -172,14 +158,30 @@ class HomeAssistantClient:
                     msg = await self._ws.receive_json()
                     if msg.get("id") != msg_id:
                         continue
-                    if msg.get("type") == "result":
-                        if not msg.get("success"):
-                            raise HAError(f"{type_} failed: {msg.get('error')}")
-                        continue
-                    event = msg.get("event") or {}
-                    events.append(event)
-                    if event.get("type") in ("run-end", "error"):
-                        return events
+                    if msg.get("type") == "result" and not msg.get("success"):
+                        raise HAError(f"{type_} failed: {msg.get('error')}")
+                    yield msg
+
+    async def ws(self, type_: str, timeout_s: float = CALL_TIMEOUT, **fields: Any) -> Any:
+        """Send one command and return its result."""
+        async with aclosing(self._replies(type_, fields, timeout_s)) as replies:
+            async for msg in replies:
+                if msg.get("type") == "result":
+                    return msg.get("result")
+
+    async def ws_events(self, type_: str, fields: dict[str, Any],
+                        timeout_s: float) -> list[dict[str, Any]]:
+        """Send a subscription-style command (e.g. assist_pipeline/run) and collect its events
+        until the run ends."""
+        events: list[dict[str, Any]] = []
+        async with aclosing(self._replies(type_, fields, timeout_s)) as replies:
+            async for msg in replies:
+                if msg.get("type") == "result":
+                    continue
+                event = msg.get("event") or {}
+                events.append(event)
+                if event.get("type") in ("run-end", "error"):
+                    return events
 
     async def close(self) -> None:
         if self._ws is not None:

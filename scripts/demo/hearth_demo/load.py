@@ -111,44 +111,41 @@ async def run_load(ha_url: str, username: str, password: str, *, voice: int = 6,
                         result.errors.append(f"job: {err}")
                     await asyncio.sleep(rng.uniform(2, 6))
 
-            async def voice_turns() -> None:
-                ws_client = await _client(session, ha_url, username, password)
-                try:
-                    for _ in range(voice):
-                        remaining = deadline - time.monotonic()
-                        if remaining < 5:
-                            return
-                        text = rng.choice(VOICE_LINES)
-                        t0 = time.monotonic()
-                        try:
-                            speech = await ws_client.voice_turn(
-                                text, pipeline_id, device_id, timeout_s=min(120, remaining))
-                            result.voice.append(time.monotonic() - t0)
-                            say(f"[load] voice  {time.monotonic() - t0:5.1f}s  {text!r} -> "
-                                f"{_short(speech)!r}")
-                        except (HAError, aiohttp.ClientError, TimeoutError) as err:
-                            result.errors.append(f"voice: {err}")
-                        await asyncio.sleep(rng.uniform(1, 4))
-                finally:
-                    await ws_client.close()
-
-            async def chat_turns() -> None:
-                await asyncio.sleep(rng.uniform(1, 3))
-                for _ in range(chat):
+            async def turns(kind: str, n: int, lines: list[str], ask: Any,
+                            samples: list[float], pause: tuple[float, float]) -> None:
+                """Up to ``n`` turns of one kind before the deadline, each answer timed."""
+                for _ in range(n):
                     remaining = deadline - time.monotonic()
                     if remaining < 5:
                         return
-                    text = rng.choice(CHAT_LINES)
+                    text = rng.choice(lines)
                     t0 = time.monotonic()
                     try:
-                        answer = await main.converse(text, AGENT_ID, timeout_s=min(120, remaining))
-                        speech = answer["response"]["speech"]["plain"]["speech"]
-                        result.chat.append(time.monotonic() - t0)
-                        say(f"[load] chat   {time.monotonic() - t0:5.1f}s  {text!r} -> "
-                            f"{_short(speech)!r}")
+                        speech = await ask(text, min(120, remaining))
+                        elapsed = time.monotonic() - t0
+                        samples.append(elapsed)
+                        say(f"[load] {kind:<6} {elapsed:5.1f}s  {text!r} -> {_short(speech)!r}")
                     except (HAError, aiohttp.ClientError, TimeoutError, KeyError) as err:
-                        result.errors.append(f"chat: {err}")
-                    await asyncio.sleep(rng.uniform(2, 5))
+                        result.errors.append(f"{kind}: {err}")
+                    await asyncio.sleep(rng.uniform(*pause))
+
+            async def voice_turns() -> None:
+                ws_client = await _client(session, ha_url, username, password)
+                try:
+                    await turns("voice", voice, VOICE_LINES,
+                                lambda text, timeout_s: ws_client.voice_turn(
+                                    text, pipeline_id, device_id, timeout_s=timeout_s),
+                                result.voice, (1, 4))
+                finally:
+                    await ws_client.close()
+
+            async def ask_chat(text: str, timeout_s: float) -> str:
+                answer = await main.converse(text, AGENT_ID, timeout_s=timeout_s)
+                return answer["response"]["speech"]["plain"]["speech"]
+
+            async def chat_turns() -> None:
+                await asyncio.sleep(rng.uniform(1, 3))
+                await turns("chat", chat, CHAT_LINES, ask_chat, result.chat, (2, 5))
 
             async with asyncio.timeout(duration + 30):
                 await asyncio.gather(submit_jobs(), voice_turns(), chat_turns())
