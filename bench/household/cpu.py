@@ -28,22 +28,21 @@ def _own_s() -> float:
 
 
 class CpuWatch:
-    """start() before a mode, stop() after its server has exited; ``other_share`` is the share
-    of all CPUs' time that neither this process nor its reaped children used (for a ``--url``
-    target, that server's own work counts as other)."""
+    """start() before a mode, stop() after its server has exited: stop() returns the share of
+    all CPUs' time that neither this process nor its reaped children used (for a ``--url``
+    target, that server's own work counts as other), or None where /proc/stat is missing."""
 
     def __init__(self) -> None:
-        self._t0 = self._busy0 = self._own0 = 0.0
-        self.other_share: float | None = None
+        self._t0 = self._own0 = 0.0
+        self._busy0: float | None = None
 
     def start(self) -> None:
         self._t0, self._busy0, self._own0 = time.monotonic(), _machine_busy_s(), _own_s()
 
     def stop(self) -> float | None:
         busy = _machine_busy_s()
-        if busy is None or self._busy0 is None:
-            return None
         wall = (time.monotonic() - self._t0) * (os.cpu_count() or 1)
+        if busy is None or self._busy0 is None or wall <= 0:
+            return None
         other = (busy - self._busy0) - (_own_s() - self._own0)
-        self.other_share = min(1.0, max(0.0, other / wall)) if wall > 0 else None
-        return self.other_share
+        return min(1.0, max(0.0, other / wall))
