@@ -264,7 +264,7 @@ class Sampler:
         self.ptr = L.llama_sampler_chain_init(cparams)
         add = lambda s: L.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
         if p.grammar:
-            g = L.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+            g = _grammar_sampler(model, p.grammar)
             if not g:
                 self.close()  # before __del__ sees the pointer: a second free would crash
                 raise LlamaError("invalid grammar")
@@ -329,10 +329,16 @@ class Utf8Decoder:
         return out
 
 
+def _grammar_sampler(model: Model, gbnf: str) -> ctypes.c_void_p | None:
+    """llama.cpp's grammar sampler for ``gbnf`` (root rule ``root``); NULL if it will not
+    parse it."""
+    return L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
+
+
 def check_grammar(model: Model, gbnf: str) -> None:
-    """Raise ValueError if llama.cpp will not parse ``gbnf`` (root rule ``root``): the
-    converter emits grammars llama.cpp refuses, e.g. a maxLength past its repetition limit."""
-    g = L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
+    """Raise ValueError if llama.cpp will not parse ``gbnf``: the converter emits grammars
+    llama.cpp refuses, e.g. a maxLength past its repetition limit."""
+    g = _grammar_sampler(model, gbnf)
     if not g:
         raise ValueError("llama.cpp cannot use the grammar made from this schema (too many "
                          "repetitions, e.g. a large maxLength or maxItems?)")
