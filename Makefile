@@ -2,39 +2,49 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
+# The other Home Assistant releases tested (scripts/bootstrap says what each holds).
+PY_OLDEST := .venv-ha-oldest/bin/python
+PY_LATEST := .venv-ha-latest/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine clean
+.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine clean
 
 setup:
-	@scripts/bootstrap
+	@scripts/bootstrap dev
+
+setup-all:
+	@scripts/bootstrap dev ha-oldest ha-latest
+
+# The demo runs on the newest Home Assistant release, as a new user has it.
+setup-demo:
+	@scripts/bootstrap ha-latest
 
 # make run: the server and a local Home Assistant with Hearth set up (scripts/demo), until Ctrl-C.
 # make run SERVER_ONLY=1: only the server, on $(HOST):$(PORT).
 SERVER_ONLY ?=
 HA_PORT ?= 8123
-DEMO := PYTHONPATH=scripts/demo $(PY) -m hearth_demo
+DEMO := PYTHONPATH=scripts/demo $(PY_LATEST) -m hearth_demo
 
-run: setup
 ifeq ($(SERVER_ONLY),)
+run: setup-demo
 	@scripts/demo/setup
 	@$(DEMO) run --port $(PORT) --ha-port $(HA_PORT) --server-args '$(ARGS)'
 else
+run: setup
 	@$(PY) -m hearth serve --host $(HOST) --port $(PORT) $(ARGS)
 endif
 
 # A bounded household mix (voice turns, typed chat, background jobs) into the running demo;
 # e.g. ARGS="--voice 20 --duration 300".
-demo-load: setup
-	@scripts/demo/setup
+demo-load: setup-demo
 	@$(DEMO) load --ha-port $(HA_PORT) $(ARGS)
 
 # The end-to-end browser test (starts its own server + Home Assistant; Debian's chromium).
-e2e: setup
+e2e: setup-demo
 	@scripts/demo/setup --browser
-	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/e2e -q
+	$(PY_LATEST) -m pytest -p no:homeassistant -p no:cacheprovider tests/e2e -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -47,13 +57,17 @@ unit: setup
 server-tests: setup
 	$(PY) -m pytest -p no:homeassistant tests/server -q
 
-ha-tests: setup
+# The Home Assistant tests on each release tested: the newest test plugin's (2026.10.4), the
+# oldest supported (2026.2.3) and the newest release (2026.11.0).
+ha-tests: setup-all
 	$(PY) -m pytest tests/ha -q
+	$(PY_OLDEST) -m pytest tests/ha -q
+	$(PY_LATEST) -m pytest tests/ha -q
 
-test: setup
+test: setup-all
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -p no:homeassistant tests/unit tests/server -q
-	$(PY) -m pytest tests/ha -q
+	$(MAKE) --no-print-directory ha-tests
 
 # A longer property-based fuzz run of the whole API (make test runs 12 examples per operation).
 fuzz: setup
@@ -77,4 +91,4 @@ bench-engine: setup
 	$(PY) bench/engine_bench.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-ha-oldest .venv-ha-latest .pytest_cache .ruff_cache

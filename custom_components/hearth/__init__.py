@@ -14,8 +14,8 @@ from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
 
-from .api import CannotConnect, HearthClient, HearthError, InvalidAuth
-from .const import DOMAIN, LOGGER
+from .api import HearthClient, HearthError, InvalidAuth, NotReady
+from .const import DOMAIN, LOGGER, MODEL_LOADING_RETRY_SECONDS
 from .coordinator import HearthQueueCoordinator
 from .entity import server_device_info
 from .jobs import HearthJobWatcher, pending_store
@@ -39,6 +39,7 @@ class HearthData:
     coordinator: HearthQueueCoordinator
     jobs: HearthJobWatcher
     health: dict[str, Any]
+    server_device_id: str = ""
 
 
 HearthConfigEntry = ConfigEntry[HearthData]
@@ -50,6 +51,8 @@ async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
     return True
 
 
+# Setup and unload return a boolean: Home Assistant 2026.2 (the oldest release supported) fails
+# an entry whose setup returns None; newer releases accept both from custom integrations.
 async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bool:
     """Set up Hearth from a config entry."""
     client = HearthClient(
@@ -58,11 +61,20 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
     try:
         health = await client.async_validate()
     except InvalidAuth as err:
-        raise ConfigEntryAuthFailed(str(err)) from err
-    except CannotConnect as err:
-        raise ConfigEntryNotReady(f"Hearth server not ready: {err}") from err
+        raise ConfigEntryAuthFailed(
+            translation_domain=DOMAIN, translation_key="invalid_auth"
+        ) from err
+    except NotReady as err:
+        # The server is up and loading its model: try again soon rather than on the backoff.
+        not_ready = ConfigEntryNotReady(translation_domain=DOMAIN, translation_key="model_loading")
+        not_ready.retry_after = MODEL_LOADING_RETRY_SECONDS  # read by Home Assistant >= 2026.10
+        raise not_ready from err
     except HearthError as err:
-        raise ConfigEntryNotReady(str(err)) from err
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN,
+            translation_key="cannot_connect",
+            translation_placeholders={"url": client.url, "error": str(err)},
+        ) from err
 
     coordinator = HearthQueueCoordinator(hass, entry, client)
     await coordinator.async_config_entry_first_refresh()
@@ -70,9 +82,11 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
     jobs = HearthJobWatcher(hass, entry, client)
     await jobs.async_load()
     entry.runtime_data = HearthData(client, coordinator, jobs, health)
-    # The server's device first: the agents' devices hang off it (via_device).
-    dr.async_get(hass).async_get_or_create(
-        config_entry_id=entry.entry_id, **server_device_info(entry)
+    # The server's device first: the agents' devices hang off it.
+    entry.runtime_data.server_device_id = (
+        dr.async_get(hass)
+        .async_get_or_create(config_entry_id=entry.entry_id, **server_device_info(entry))
+        .id
     )
 
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)

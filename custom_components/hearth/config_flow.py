@@ -164,8 +164,8 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
         data = _entry_data(url, config.get(CONF_API_KEY))
 
         await self.async_set_unique_id(discovery_info.uuid)
-        # Known add-on: follow it to its new address (the entry reloads when changed).
-        self._abort_if_unique_id_configured(updates=data)
+        # Known add-on: follow it to its new address (the entry's update listener reloads it).
+        self._abort_if_unique_id_configured(updates=data, reload_on_update=False)
         # Already set up by hand at the same address.
         self._async_abort_entries_match({CONF_URL: url})
 
@@ -211,7 +211,7 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
             api_key = user_input.get(CONF_API_KEY)
             errors = await _async_validate(self.hass, entry.data[CONF_URL], api_key)
             if not errors:
-                return self.async_update_reload_and_abort(
+                return self.async_update_and_abort(
                     entry, data=_entry_data(entry.data[CONF_URL], api_key)
                 )
         return self.async_show_form(
@@ -239,7 +239,7 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
                 api_key = user_input.get(CONF_API_KEY)
                 errors = await _async_validate(self.hass, url, api_key)
                 if not errors:
-                    return self.async_update_reload_and_abort(
+                    return self.async_update_and_abort(
                         entry, data=_entry_data(url, api_key)
                     )
         suggested = user_input or {

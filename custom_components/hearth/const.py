@@ -57,6 +57,8 @@ MAX_TOOL_ITERATIONS: Final = 10
 
 # Polling and timeouts (seconds).
 QUEUE_SCAN_INTERVAL: Final = 10
+# While the server answers 503 (model loading), set-up is retried this soon.
+MODEL_LOADING_RETRY_SECONDS: Final = 10
 REQUEST_TIMEOUT: Final = 10
 STREAM_READ_TIMEOUT: Final = 300
 EVENTS_READ_TIMEOUT: Final = 60  # the server sends a keepalive comment every 15 s

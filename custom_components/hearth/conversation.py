@@ -16,6 +16,9 @@ from .entity import HearthBaseLLMEntity
 if TYPE_CHECKING:
     from . import HearthConfigEntry
 
+# The server schedules concurrent requests itself (by class and fair share): no limit here.
+PARALLEL_UPDATES = 0
+
 
 async def async_setup_entry(
     hass: HomeAssistant,

@@ -16,9 +16,9 @@ from homeassistant.helpers.entity import Entity
 from homeassistant.helpers.json import json_dumps
 from homeassistant.helpers.update_coordinator import CoordinatorEntity
 from homeassistant.util import slugify
-from voluptuous_openapi import convert
 
 from .api import HearthError, InvalidAuth
+from .compat import device_link, schema_to_openapi, tool_result_message
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -71,7 +71,7 @@ def _format_tool(
     """Describe a Home Assistant LLM tool as an OpenAI function tool."""
     function: dict[str, Any] = {
         "name": tool.name,
-        "parameters": convert(tool.parameters, custom_serializer=custom_serializer),
+        "parameters": schema_to_openapi(tool.parameters, custom_serializer),
     }
     if tool.description:
         function["description"] = tool.description
@@ -105,9 +105,8 @@ def format_response_format(
     name: str, structure: vol.Schema, llm_api: llm.APIInstance | None
 ) -> dict[str, Any]:
     """Return the ``response_format`` that asks the server for JSON matching ``structure``."""
-    schema: dict[str, Any] = convert(
-        structure,
-        custom_serializer=llm_api.custom_serializer if llm_api else llm.selector_serializer,
+    schema = schema_to_openapi(
+        structure, llm_api.custom_serializer if llm_api else llm.selector_serializer
     )
     _strict_schema(schema)
     return {
@@ -116,22 +115,13 @@ def format_response_format(
     }
 
 
-def _tool_result_of(content: Any) -> Any:
-    """Read a tool result; the field has been renamed across Home Assistant versions."""
-    for attr in ("tool_result", "result", "content"):
-        value = getattr(content, attr, None)
-        if value is not None:
-            return value
-    return None
-
-
 def convert_content(content: conversation.Content) -> dict[str, Any]:
     """Convert one chat-log entry into an OpenAI chat message."""
     if isinstance(content, conversation.ToolResultContent):
         return {
             "role": "tool",
             "tool_call_id": content.tool_call_id,
-            "content": json_dumps(_tool_result_of(content)),
+            "content": json_dumps(tool_result_message(content)),
         }
     if isinstance(content, conversation.AssistantContent):
         message: dict[str, Any] = {"role": "assistant", "content": content.content or ""}
@@ -259,7 +249,19 @@ class HearthBaseLLMEntity(Entity):
             model=health.get("model"),
             sw_version=health.get("version"),
             entry_type=dr.DeviceEntryType.SERVICE,
-            via_device=(DOMAIN, entry.entry_id),
+            **device_link(entry.runtime_data.server_device_id, (DOMAIN, entry.entry_id)),
+        )
+
+    @property
+    def available(self) -> bool:
+        """Unavailable while the server does not answer its queue poll."""
+        return self.entry.runtime_data.coordinator.last_update_success
+
+    async def async_added_to_hass(self) -> None:
+        """Follow the server's reachability."""
+        await super().async_added_to_hass()
+        self.async_on_remove(
+            self.entry.runtime_data.coordinator.async_add_listener(self.async_write_ha_state)
         )
 
     async def _async_handle_chat_log(

@@ -8,7 +8,9 @@ Hearth integration of this repository.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import logging
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,7 +27,8 @@ import pytest_socket  # noqa: E402
 from aiohttp import web  # noqa: E402
 from hearth_server import HearthServer  # noqa: E402
 from homeassistant.const import CONF_API_KEY, CONF_LLM_HASS_API, CONF_URL  # noqa: E402
-from homeassistant.core import HomeAssistant  # noqa: E402
+from homeassistant.core import Context, HomeAssistant  # noqa: E402
+from homeassistant.helpers import chat_session  # noqa: E402
 from homeassistant.helpers import entity_registry as er  # noqa: E402
 from homeassistant.setup import async_setup_component  # noqa: E402
 from pytest_homeassistant_custom_component.common import MockConfigEntry  # noqa: E402
@@ -61,6 +64,30 @@ async def setup_core(hass: HomeAssistant, enable_custom_integrations: None) -> N
     assert await async_setup_component(hass, "homeassistant", {})
 
 
+def deprecation_reports(records: list[logging.LogRecord]) -> list[str]:
+    """Home Assistant's reports of deprecated usage by this integration, among log records.
+
+    Home Assistant reports them through ``helpers.frame`` ("Detected that custom integration
+    'hearth' ...") or by naming the integration's code next to "deprecated".
+    """
+    reports = []
+    for record in records:
+        message = record.getMessage()
+        ours = f"integration '{DOMAIN}'" in message or "custom_components.hearth" in message
+        reported = record.name.startswith("homeassistant.helpers.frame") or "deprecat" in message
+        if ours and reported:
+            reports.append(message)
+    return reports
+
+
+@pytest.fixture(autouse=True)
+def fail_on_deprecation(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail a test during which Home Assistant reported this integration's deprecated usage."""
+    yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    assert not (reports := deprecation_reports(records)), "\n".join(reports)
+
+
 @pytest.fixture(scope="session")
 def hearth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HearthServer]:
     """One real Hearth server (SmolLM2-135M, API key required) for the whole session."""
@@ -78,6 +105,14 @@ def hearth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HearthSe
         socket.socket = saved
     yield server
     server.stop()
+
+
+def open_chat_session(hass: HomeAssistant, context: Context | None = None) -> Any:
+    """``chat_session.async_get_chat_session``, with the context that releases since 2026.11
+    require (None: the caller acts for no user, like a satellite); older ones take none."""
+    if "context" in inspect.signature(chat_session.async_get_chat_session).parameters:
+        return chat_session.async_get_chat_session(hass, context=context)
+    return chat_session.async_get_chat_session(hass)
 
 
 def server_queue(server: HearthServer) -> dict[str, Any]:
@@ -410,13 +445,29 @@ def text_chunks(text: str, *, model: str = "fake-model") -> list[dict[str, Any]]
     return chunks
 
 
+SHADOW_DESCRIPTION = "Does nothing."  # tools of test_tool_loop's second API
+
+
+def turn_on_tool(body: dict[str, Any]) -> str | None:
+    """The name under which Home Assistant sent Assist's HassTurnOn tool. Releases spell it
+    differently: ``HassTurnOn`` (2026.2), ``intent__HassTurnOn`` (2026.10), and prefixed by the
+    API (``assist__...``) when two selected APIs offer tools of the same name."""
+    for tool in body.get("tools") or ():
+        function = tool["function"]
+        if function["name"].endswith("HassTurnOn") and (
+            function.get("description") != SHADOW_DESCRIPTION
+        ):
+            return function["name"]
+    return None
+
+
 def tool_call_script(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Call HassTurnOn for the kitchen light, then report once the tool has answered."""
     messages = body["messages"]
     if messages[-1]["role"] == "tool":
         return text_chunks("The kitchen light is on.")
-    tool_names = {tool["function"]["name"] for tool in body.get("tools") or ()}
-    if "HassTurnOn" not in tool_names:
+    tool_name = turn_on_tool(body)
+    if tool_name is None:
         return text_chunks("I cannot control devices.")
     arguments = json.dumps({"name": "Kitchen light"})
     half = len(arguments) // 2
@@ -428,7 +479,7 @@ def tool_call_script(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         chunk({"role": "assistant"}),
         chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                               "function": {"name": "HassTurnOn", "arguments": ""}}]}),
+                               "function": {"name": tool_name, "arguments": ""}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
         chunk({}, "tool_calls"),

@@ -30,11 +30,13 @@ def test_manifest() -> None:
     assert manifest["config_flow"] is True
     assert manifest["dependencies"] == ["conversation", "ai_task"]
     assert manifest["after_dependencies"] == ["assist_pipeline", "intent", "hassio"]
-    assert manifest["iot_class"] == "local_push"
+    assert manifest["iot_class"] == "local_polling"  # the sensors poll /v1/queue
+    assert manifest["categories"] == ["ai_voice.ai_models"]
+    assert manifest["connectivity"] == ["network"]
     assert manifest["integration_type"] == "service"
     assert manifest["version"]
     hacs = json.loads((COMPONENT.parents[1] / "hacs.json").read_text())
-    assert hacs["homeassistant"] == "2026.2.0"
+    assert hacs["homeassistant"] == "2026.2.3"  # the oldest release the tests run on
     assert (COMPONENT / "brand" / "icon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

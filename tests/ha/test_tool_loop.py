@@ -3,14 +3,16 @@ that calls tools on cue."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+import voluptuous as vol
 from homeassistant.components import conversation
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.const import CONF_LLM_HASS_API, STATE_OFF, STATE_ON
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import chat_session
+from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
@@ -18,10 +20,13 @@ from custom_components.hearth.const import CLASS_HEADER, CONF_MAX_HISTORY
 
 from .conftest import (
     CONVERSATION_OPTIONS,
+    SHADOW_DESCRIPTION,
     FakeHearth,
     async_setup_hearth,
     entity_of,
+    open_chat_session,
     text_chunks,
+    turn_on_tool,
 )
 
 pytestmark = pytest.mark.ha
@@ -70,16 +75,73 @@ async def test_tool_call_turns_the_light_on(
     assert first_headers[CLASS_HEADER] == "chat"
     assert first["user"] == hass_admin_user.id
     assert first["tool_choice"] == "auto"
-    assert "HassTurnOn" in {tool["function"]["name"] for tool in first["tools"]}
+    tool_name = turn_on_tool(first)
+    assert tool_name is not None
 
     _, second = fake_hearth.chat_requests[1]
     call_message, tool_message = second["messages"][-2:]
     assert call_message["role"] == "assistant"
     assert call_message["tool_calls"][0]["id"] == "call_1"
-    assert call_message["tool_calls"][0]["function"]["name"] == "HassTurnOn"
+    assert call_message["tool_calls"][0]["function"]["name"] == tool_name
     assert tool_message["role"] == "tool"
     assert tool_message["tool_call_id"] == "call_1"
-    assert "success" in tool_message["content"]
+    # What the tool answered and whether it failed, as Home Assistant's own integrations send it.
+    tool_answer = json.loads(tool_message["content"])
+    assert tool_answer["error"] is False
+    assert tool_answer["data"]["response_type"] == "action_done"
+    assert tool_answer["data"]["data"]["success"]
+
+
+class _ShadowAPI(llm.API):
+    """A second LLM API whose tools have the names Assist's HassTurnOn has (in one release or
+    another), so that Home Assistant must tell them apart. They do nothing."""
+
+    def __init__(self, hass: HomeAssistant) -> None:
+        super().__init__(hass=hass, id="shadow", name="Shadow")
+
+    async def async_get_api_instance(self, llm_context: llm.LLMContext) -> llm.APIInstance:
+        tools = [_ShadowTool(name) for name in ("HassTurnOn", "intent__HassTurnOn")]
+        return llm.APIInstance(self, "Shadow tools.", llm_context, tools)
+
+
+class _ShadowTool(llm.Tool):
+    description = SHADOW_DESCRIPTION
+    parameters = vol.Schema({vol.Optional("name"): str})
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def async_call(
+        self, hass: HomeAssistant, tool_input: llm.ToolInput, llm_context: llm.LLMContext
+    ) -> dict[str, Any]:
+        raise AssertionError("the shadow tool must not be called")
+
+
+async def test_namespaced_tools_from_two_apis(
+    hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str, hass_admin_user: MockUser
+) -> None:
+    """With two APIs that offer tools of the same name, Home Assistant prefixes them with
+    their API (``assist__...``); the model's call goes back under that name and reaches
+    Assist's tool, not the other API's."""
+    llm.async_register_api(hass, _ShadowAPI(hass))
+    entry = await async_setup_hearth(
+        hass,
+        fake_hearth.url,
+        conversation={**CONVERSATION_OPTIONS, CONF_LLM_HASS_API: ["assist", "shadow"]},
+    )
+    result = await conversation.async_converse(
+        hass, "Turn on the kitchen light", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, entry, "conversation"),
+    )
+
+    assert hass.states.get(kitchen_light).state == STATE_ON
+    assert result.response.speech["plain"]["speech"] == "The kitchen light is on."
+    _, first = fake_hearth.chat_requests[0]
+    tool_name = turn_on_tool(first)
+    assert tool_name is not None
+    assert tool_name.startswith("assist__")
+    _, second = fake_hearth.chat_requests[1]
+    assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == tool_name
 
 
 async def test_tool_loop_is_bounded(
@@ -119,7 +181,7 @@ async def test_pipeline_turn_streams_at_voice_class(
     deltas: list[dict[str, Any]] = []
 
     with (
-        chat_session.async_get_chat_session(hass) as session,
+        open_chat_session(hass) as session,
         conversation.async_get_chat_log(
             hass,
             session,

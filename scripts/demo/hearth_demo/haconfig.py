@@ -26,6 +26,12 @@ DEMO_LIGHTS = {
 DEMO_SENSOR = "sensor.living_room_temperature"
 EXPOSED_ENTITIES = [*(f"input_boolean.{key}" for key in DEMO_LIGHTS), DEMO_SENSOR]
 
+# The components configuration.yaml loads beyond Hearth's own closure; scripts/bootstrap installs
+# their requirements.
+DEMO_COMPONENTS = (
+    "frontend", "config", "history", "logbook", "recorder", "lovelace", "input_boolean", "template",
+)
+
 CONFIGURATION = """\
 # Written by scripts/demo (make run) on every start; edits here are overwritten.
 homeassistant:

@@ -1,0 +1,63 @@
+"""Bridges between the Home Assistant releases Hearth supports (2026.2 to the newest).
+
+Each bridge prefers what the newest release offers and falls back to the older spelling, so the
+rest of the integration is written once against one shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from homeassistant.helpers import device_registry as dr
+
+try:  # Home Assistant >= 2026.9 validates with probatio and no longer ships voluptuous_openapi
+    from probatio import to_openapi as _to_openapi
+
+    _OPENAPI_ARGS: dict[str, Any] = {"openapi_version": "3.1.0"}
+except ImportError:  # pragma: no cover - exercised on the oldest release's test run
+    from voluptuous_openapi import convert as _to_openapi
+
+    _OPENAPI_ARGS = {}
+
+
+def schema_to_openapi(
+    schema: Any, custom_serializer: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """Describe a Home Assistant schema (tool parameters, an AI Task structure) as OpenAPI.
+
+    OpenAPI 3.1 where the converter offers it: optional values become ``"type": [..., "null"]``,
+    which is also what JSON-schema grammars on the server understand.
+    """
+    return _to_openapi(schema, custom_serializer=custom_serializer, **_OPENAPI_ARGS)
+
+
+def tool_result_message(content: Any) -> dict[str, Any]:
+    """What a tool answered, as the model should read it: ``{"data": ..., "error": ...}``.
+
+    Current releases hand an ``llm.ToolResult`` in ``ToolResultContent.result``; older ones a
+    plain JSON object in ``tool_result`` (deprecated since).
+    """
+    result = getattr(content, "result", None)
+    if hasattr(result, "data"):
+        return {"data": result.data, "error": bool(getattr(result, "error", False))}
+    return {"data": content.tool_result, "error": False}
+
+
+# A device's parent is named by its registry id (`via_device_id`) since 2026.10; before, by its
+# identifier (`via_device`, deprecated since). Device info is a TypedDict, a dataclass in 2026.11.
+def _accepts_via_device_id() -> bool:
+    if dataclasses.is_dataclass(dr.DeviceInfo):
+        return any(field.name == "via_device_id" for field in dataclasses.fields(dr.DeviceInfo))
+    return "via_device_id" in getattr(dr.DeviceInfo, "__annotations__", {})
+
+
+_VIA_DEVICE_ID = _accepts_via_device_id()
+
+
+def device_link(parent_id: str, parent_identifier: tuple[str, str]) -> dict[str, Any]:
+    """The device-info keys that hang a device off its parent device."""
+    if _VIA_DEVICE_ID:
+        return {"via_device_id": parent_id}
+    return {"via_device": parent_identifier}
