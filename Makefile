@@ -59,10 +59,15 @@ server-tests: setup
 
 # The Home Assistant tests on each release tested: the newest test plugin's (2026.10.4), the
 # oldest supported (2026.2.3) and the newest release (2026.11.0).
+# tests/ha/preload.py bridges the newest release and the plugin made for the one before it.
+HA_PYTEST := -m pytest -p tests.ha.preload tests/ha -q
 ha-tests: setup-all
-	$(PY) -m pytest tests/ha -q
-	$(PY_OLDEST) -m pytest tests/ha -q
-	$(PY_LATEST) -m pytest tests/ha -q
+	@echo "== Home Assistant tests on $$($(PY) -m pip show homeassistant | sed -n 's/^Version: //p')"
+	$(PY) $(HA_PYTEST)
+	@echo "== Home Assistant tests on $$($(PY_OLDEST) -m pip show homeassistant | sed -n 's/^Version: //p')"
+	$(PY_OLDEST) $(HA_PYTEST)
+	@echo "== Home Assistant tests on $$($(PY_LATEST) -m pip show homeassistant | sed -n 's/^Version: //p')"
+	$(PY_LATEST) $(HA_PYTEST)
 
 test: setup-all
 	$(VENV)/bin/ruff check .

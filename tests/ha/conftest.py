@@ -248,6 +248,7 @@ class FakeHearth:
     def __init__(self) -> None:
         """Initialize the fake with a tool-calling chat handler."""
         self.api_key: str | None = API_KEY
+        self.loading = False  # answer 503 as a server still loading its model does
         self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
         self.chat_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.chat_handler: Callable[[dict[str, Any]], list[dict[str, Any]]] = tool_call_script
@@ -312,6 +313,12 @@ class FakeHearth:
             self._runner = None
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.loading:
+            return web.json_response(
+                {"error": {"message": "model loading", "type": "unavailable", "param": None,
+                           "code": "model_loading"}},
+                status=503,
+            )
         return web.json_response({"status": "ready", "model": "fake-model", "version": "0.1.0"})
 
     async def _models(self, request: web.Request) -> web.Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,8 @@ from custom_components.hearth.api import iter_sse, normalize_url
 from custom_components.hearth.conversation import fairness_key_for, request_class_for
 from custom_components.hearth.entity import transform_stream, trim_history
 from custom_components.hearth.jobs import job_event_data, job_result_text
+
+from .conftest import deprecation_reports
 
 pytestmark = pytest.mark.ha
 
@@ -130,3 +133,26 @@ def test_normalize_url_and_job_text() -> None:
     assert data["timings"]["queue_ms"] is None
     job["result"] = {"choices": [{"message": {"content": [{"type": "text", "text": "hi"}]}}]}
     assert job_result_text(job) == "hi"
+
+
+def test_deprecation_reports_are_recognised() -> None:
+    """The check that fails a test on Home Assistant's deprecation reports finds them, and
+    only those about this integration."""
+    def record(name: str, message: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
+
+    ours = record(
+        "homeassistant.helpers.frame",
+        "Detected that custom integration 'hearth' calls `x` with a deprecated `y` parameter",
+    )
+    entity = record(
+        "homeassistant.helpers.entity",
+        "Entity sensor.x (<class 'custom_components.hearth.sensor.S'>) uses deprecated things",
+    )
+    other = record(
+        "homeassistant.helpers.frame", "Detected that custom integration 'other' calls `x`"
+    )
+    unrelated = record("custom_components.hearth", "Hearth at http://x serves a model")
+    assert deprecation_reports([ours, entity, other, unrelated]) == [
+        ours.getMessage(), entity.getMessage()
+    ]

@@ -18,6 +18,7 @@ from homeassistant.const import (
     EntityCategory,
 )
 from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import ConfigEntryNotReady
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 from pytest_homeassistant_custom_component.components.diagnostics import (
@@ -25,7 +26,8 @@ from pytest_homeassistant_custom_component.components.diagnostics import (
 )
 from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
-from custom_components.hearth.const import DOMAIN
+from custom_components.hearth import async_setup_entry
+from custom_components.hearth.const import DOMAIN, MODEL_LOADING_RETRY_SECONDS
 
 from .conftest import (
     API_KEY,
@@ -124,6 +126,48 @@ async def test_sensors_from_queue(
     await hass.async_block_till_done()
     assert state("binary_sensor", "reachable").state == STATE_OFF
     assert state("sensor", "waiting_voice").state == STATE_UNAVAILABLE
+
+
+async def test_agents_unavailable_while_unreachable(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
+) -> None:
+    """The conversation agent and the AI Task entity follow the server's reachability."""
+    agents = [entity_of(hass, fake_entry, domain) for domain in ("conversation", "ai_task")]
+    assert all(hass.states.get(agent).state != STATE_UNAVAILABLE for agent in agents)
+    port = fake_hearth.port
+
+    await fake_hearth.stop()
+    coordinator = fake_entry.runtime_data.coordinator
+    await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert [hass.states.get(agent).state for agent in agents] == [STATE_UNAVAILABLE] * 2
+
+    await fake_hearth.start(port)
+    await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert all(hass.states.get(agent).state != STATE_UNAVAILABLE for agent in agents)
+
+
+async def test_setup_retries_soon_while_the_model_loads(
+    hass: HomeAssistant, fake_hearth: FakeHearth
+) -> None:
+    """A server that answers 503 (model loading) puts the entry into retry, with a short
+    retry delay and a message saying why."""
+    fake_hearth.loading = True
+    entry = MockConfigEntry(
+        domain=DOMAIN, data={CONF_URL: fake_hearth.url, CONF_API_KEY: API_KEY}
+    )
+    entry.add_to_hass(hass)
+    await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.SETUP_RETRY
+
+    # What set-up raises: the reason by its translation key, and the short retry delay
+    # (Home Assistant >= 2026.10 waits that long instead of its growing back-off).
+    with pytest.raises(ConfigEntryNotReady) as raised:
+        await async_setup_entry(hass, entry)
+    assert raised.value.translation_key == "model_loading"
+    assert raised.value.retry_after == MODEL_LOADING_RETRY_SECONDS
 
 
 async def test_diagnostics_redact_key(
