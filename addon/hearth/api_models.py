@@ -106,6 +106,14 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the model's chat template, as llama-server takes "
+        "them (e.g. {\"enable_thinking\": false}); voice requests default enable_thinking to "
+        "false so they never wait on a chain of thought.")
+    reasoning_format: Literal["auto", "deepseek", "none", "hide"] = Field(
+        "auto", description="Chain of thought between <think> and </think> (or the template's "
+        "markers): auto/deepseek = in message.reasoning_content (streamed as "
+        "delta.reasoning_content), none = left in content, hide = dropped.")
 
 
 class CompletionRequest(SamplingFields):

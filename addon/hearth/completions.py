@@ -13,7 +13,9 @@ from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .engine import AsyncStream, RequestError
 from .llama_adapter import check_grammar, json_schema_grammar
 from .prompts import PromptError
+from .reasoning import ReasoningSplitter, markers_for, prompt_opens
 from .requests import Event, Request, SamplingParams
+from .scheduler import VOICE_RANK
 from .tools import ToolStream, tool_call_schema, wrap_grammar
 
 # ``response_format: json_object``: a flat object of at most six short keys and values. Any JSON
@@ -54,10 +56,13 @@ def sampling_of(body: SamplingFields, grammar: str | None = None) -> SamplingPar
 
 def usage_of(u: dict[str, int] | None) -> dict[str, Any]:
     u = u or {}
-    return {"prompt_tokens": u.get("prompt_tokens", 0),
-            "completion_tokens": u.get("completion_tokens", 0),
-            "total_tokens": u.get("total_tokens", 0),
-            "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)}}
+    out: dict[str, Any] = {"prompt_tokens": u.get("prompt_tokens", 0),
+                           "completion_tokens": u.get("completion_tokens", 0),
+                           "total_tokens": u.get("total_tokens", 0),
+                           "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)}}
+    if "reasoning_tokens" in u:  # completion_tokens includes them, as OpenAI counts
+        out["completion_tokens_details"] = {"reasoning_tokens": u["reasoning_tokens"]}
+    return out
 
 
 class Completion:
@@ -67,11 +72,14 @@ class Completion:
                  user: str | None = None):
         self.rt = rt
         self.body = body
+        self.rank = rank
         self.chat = isinstance(body, ChatCompletionRequest)
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.tools: ToolStream | None = None
         self.forced_call = False
+        self.reasoning: ReasoningSplitter | None = None
+        self.show_reasoning = getattr(body, "reasoning_format", "none") != "hide"
         grammar = None
         if self.chat:
             tokens, grammar = self._chat_prompt(body)  # type: ignore[arg-type]
@@ -84,7 +92,8 @@ class Completion:
         self.request = Request(
             prompt=tokens, rank=rank, sink=self.stream,
             user=user or body.user or "anonymous", max_tokens=max_tokens, stop=body.stops(),
-            ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar))
+            ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar),
+            reasoning=self.reasoning)
 
     # -- building --------------------------------------------------------------------------
     def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
@@ -131,7 +140,7 @@ class Completion:
             except ValueError as e:
                 raise CompletionError(400, str(e), "invalid_response_format",
                                       "response_format") from e
-        return self._render(body, tools), grammar
+        return self._render(body, tools, reasoning=grammar is None), grammar
 
     def _schema_grammar(self, schema: dict) -> str:
         """GBNF for ``schema``, tried on llama.cpp now: one it refuses is this request's 400,
@@ -140,12 +149,21 @@ class Completion:
         check_grammar(self.rt.model, gbnf)
         return gbnf
 
-    def _render(self, body: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+    def _render(self, body: ChatCompletionRequest, tools: list[dict] | None,
+                reasoning: bool) -> list[int]:
+        template_kwargs = dict(body.chat_template_kwargs or {})
+        if self.rank == VOICE_RANK:  # a voice reply never waits on a chain of thought
+            template_kwargs.setdefault("enable_thinking", False)
         try:
             text = self.rt.formatter.render(
-                [m.model_dump(exclude_none=True) for m in body.messages], tools=tools)
+                [m.model_dump(exclude_none=True) for m in body.messages], tools=tools,
+                template_kwargs=template_kwargs)
         except PromptError as e:
             raise CompletionError(400, str(e), "invalid_messages", "messages") from e
+        # A grammar shapes the whole output: nothing of it is reasoning.
+        if reasoning and body.reasoning_format != "none":
+            markers = markers_for(getattr(self.rt.formatter, "source", ""))
+            self.reasoning = ReasoningSplitter(prompt_opens(text, markers), markers)
         return self.rt.tokenize_prompt(text)
 
     def _text_prompt(self, body: CompletionRequest) -> list[int]:
@@ -176,9 +194,11 @@ class Completion:
     async def result(self) -> dict[str, Any]:
         """The whole (non-streamed) response object."""
         parts: list[str] = []
+        thoughts: list[str] = []
         done: Event | None = None
         async for ev in self.stream.events():
             if ev.kind == "token":
+                thoughts.append(ev.reasoning)
                 parts.append(self._content(ev))
             elif ev.kind == "error":
                 raise CompletionError(ev.status, ev.message or "generation failed",
@@ -199,6 +219,9 @@ class Completion:
                 msg["tool_calls"] = calls
             else:
                 msg["content"] = content
+            reasoning = "".join(thoughts)
+            if reasoning and self.show_reasoning:
+                msg["reasoning_content"] = reasoning
             choice["message"] = msg
         else:
             choice["text"] = content
@@ -222,6 +245,8 @@ class Completion:
             yield self._chunk({"role": "assistant", "content": ""}, None)
         async for ev in self.stream.events():
             if ev.kind == "token":
+                if ev.reasoning and self.show_reasoning:
+                    yield self._chunk({"reasoning_content": ev.reasoning}, None)
                 text = self._content(ev)
                 if text:
                     yield self._chunk({"content": text} if self.chat else text, None)

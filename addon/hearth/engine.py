@@ -457,8 +457,9 @@ class EngineCore:
             self._finish(r, "stop", now)
             return
         r.tokens.append(tok)
-        text, stopped = r.stopper.feed(r.decoder.feed(self.b.piece(tok)))  # type: ignore[union-attr]
-        self._emit(r, Event("token", text=text, token_ids=[tok]))
+        thought, text = r.split(r.decoder.feed(self.b.piece(tok)))  # type: ignore[union-attr]
+        text, stopped = r.stopper.feed(text)  # type: ignore[union-attr]
+        self._emit(r, Event("token", text=text, reasoning=thought, token_ids=[tok]))
         if stopped:
             self._finish(r, "stop", now, flush=False)
         elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
@@ -502,11 +503,11 @@ class EngineCore:
         r.finish_reason = reason
         r.finished_at = now
         if flush and reason != "cancelled" and r.decoder is not None:
-            tail = r.decoder.flush()
+            thought, tail = r.split(r.decoder.flush(), final=True)
             text, _ = r.stopper.feed(tail) if r.stopper else (tail, False)
             text += r.stopper.flush() if r.stopper else ""
-            if text:
-                self._emit(r, Event("token", text=text))
+            if text or thought:
+                self._emit(r, Event("token", text=text, reasoning=thought))
         self._retire(r)
         self.stats.record_finished(r, now)
         self._emit(r, Event("done", finish_reason=reason, usage=r.usage(), timing=r.timing()))

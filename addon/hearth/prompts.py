@@ -40,6 +40,9 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+IMAGE_PARTS = ("image_url", "input_image")
+
+
 def content_text(content: Any) -> str:
     """OpenAI message content: a string, or a list of parts of which the text parts count."""
     if content is None:
@@ -53,10 +56,19 @@ def content_text(content: Any) -> str:
                 out.append(str(part.get("text", "")))
             elif isinstance(part, str):
                 out.append(part)
+            elif isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                # Said plainly: an AI Task with a camera snapshot lands here.
+                raise PromptError(
+                    "this model has no vision support: it cannot read image content parts "
+                    f"({part.get('type')}); send text only, or serve a vision model")
             else:
                 raise PromptError("only text content parts are supported")
         return "".join(out)
     raise PromptError("message content must be a string or a list of text parts")
+
+
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 class ChatFormatter:
@@ -79,11 +91,14 @@ class ChatFormatter:
         self.native_tools = "tools" in self.source
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True,
+               template_kwargs: dict[str, Any] | None = None) -> str:
         msgs = [self._message(m) for m in messages]
         if tools and not self.native_tools:
             msgs = self._tools_in_system(msgs, tools)
-        kwargs: dict[str, Any] = {}
+        # The request's own variables (enable_thinking, ...), never the ones set here.
+        kwargs: dict[str, Any] = {k: v for k, v in (template_kwargs or {}).items()
+                                  if k not in RESERVED_TEMPLATE_VARIABLES}
         if tools and self.native_tools:
             kwargs["tools"] = tools
         try:

@@ -38,7 +38,8 @@ class SamplingParams:
 class Event:
     """One thing that happened to a request, delivered to its sink in order.
 
-    kind: ``token`` (text and/or token ids; text may be empty while held back), ``done``
+    kind: ``token`` (text and/or token ids; text may be empty while held back; ``reasoning``:
+    the part of it that is chain of thought, when the request splits that off), ``done``
     (finish_reason, usage and timing filled in), ``error`` (message, status).
     """
 
@@ -51,6 +52,7 @@ class Event:
     timing: dict[str, Any] | None = None
     message: str | None = None
     status: int = 500
+    reasoning: str = ""
 
 
 Sink = Callable[[list[Event]], None]
@@ -103,6 +105,7 @@ class Request:
     arrival: float = 0.0
     id: int = field(default_factory=next_id)
     meta: dict[str, Any] = field(default_factory=dict)
+    reasoning: Any = None  # a hearth.reasoning.ReasoningSplitter: stops then see the answer only
 
     # engine state
     seq_id: int | None = None
@@ -142,13 +145,22 @@ class Request:
         """Tokens still to feed before the next output."""
         return len(self.tokens) - self.n_past
 
+    def split(self, text: str, final: bool = False) -> tuple[str, str]:
+        """(reasoning, answer) of newly decoded text; ``final`` once generation has ended."""
+        if self.reasoning is None:
+            return "", text
+        return self.reasoning.flush(text) if final else self.reasoning.feed(text)
+
     def usage(self) -> dict[str, int]:
-        return {
+        u = {
             "prompt_tokens": self.n_prompt,
             "completion_tokens": self.n_generated,
             "total_tokens": self.n_prompt + self.n_generated,
             "cached_tokens": self.cached_tokens,
         }
+        if self.reasoning is not None:
+            u["reasoning_tokens"] = self.reasoning.reasoning_tokens
+        return u
 
     def timing(self) -> dict[str, Any]:
         def ms(a: float | None, b: float | None) -> float | None:

@@ -170,6 +170,18 @@ def test_bad_requests_are_400_in_the_openai_shape(server, body, param):
     assert status == 200  # the next valid request still succeeds
 
 
+def test_image_parts_are_a_clear_400(server):
+    """An image part (an AI Task's camera snapshot) to a model without vision support: a 400
+    that says so, not a generic one."""
+    status, out = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is on the camera?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]}], "max_tokens": 4})
+    assert status == 400
+    assert out["error"]["param"] == "messages"
+    assert "no vision support" in out["error"]["message"]
+
+
 def test_other_error_statuses(server):
     status, out = server.post("/v1/chat/completions", {
         "model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})
