@@ -46,7 +46,11 @@ async def async_setup_entry(
 class HearthTaskEntity(ai_task.AITaskEntity, HearthBaseLLMEntity):
     """Generates data with the Hearth server, at the background class by default."""
 
-    _attr_supported_features = ai_task.AITaskEntityFeature.GENERATE_DATA
+    # Attachments are passed on as image parts; the server says whether its model can see them.
+    _attr_supported_features = (
+        ai_task.AITaskEntityFeature.GENERATE_DATA
+        | ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS
+    )
 
     async def _async_generate_data(
         self,

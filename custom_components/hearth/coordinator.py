@@ -38,6 +38,12 @@ class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
         try:
             return await self.client.async_queue()
         except InvalidAuth as err:
-            raise ConfigEntryAuthFailed(str(err)) from err
+            raise ConfigEntryAuthFailed(
+                translation_domain=DOMAIN, translation_key="invalid_auth"
+            ) from err
         except HearthError as err:
-            raise UpdateFailed(f"Hearth server unreachable: {err}") from err
+            raise UpdateFailed(
+                translation_domain=DOMAIN,
+                translation_key="cannot_connect",
+                translation_placeholders={"url": self.client.url, "error": str(err)},
+            ) from err

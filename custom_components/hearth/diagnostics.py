@@ -5,19 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from homeassistant.components.diagnostics import async_redact_data
-from homeassistant.const import CONF_API_KEY
+from homeassistant.const import CONF_API_KEY, CONF_PROMPT
 from homeassistant.core import HomeAssistant
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
 
-TO_REDACT = {CONF_API_KEY, "authorization", "Authorization"}
+# The agents' prompts describe the household (names, rooms, habits): left out like the key.
+TO_REDACT = {CONF_API_KEY, CONF_PROMPT, "authorization", "Authorization"}
 
 
 async def async_get_config_entry_diagnostics(
     hass: HomeAssistant, entry: HearthConfigEntry
 ) -> dict[str, Any]:
-    """Return diagnostics for a config entry (the API key redacted)."""
+    """Return diagnostics for a config entry (the API key and the prompts redacted)."""
     data = entry.runtime_data
     return {
         "entry": {

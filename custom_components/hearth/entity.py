@@ -18,6 +18,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 from homeassistant.util import slugify
 
 from .api import HearthError, InvalidAuth
+from .attachments import async_add_attachments
 from .compat import device_link, schema_to_openapi, tool_result_message
 from .const import (
     CONF_MAX_HISTORY,
@@ -142,10 +143,7 @@ def convert_content(content: conversation.Content) -> dict[str, Any]:
                 del message["tool_calls"]
         return message
     if isinstance(content, conversation.UserContent):
-        if getattr(content, "attachments", None):
-            raise HomeAssistantError(
-                translation_domain=DOMAIN, translation_key="unsupported_attachments"
-            )
+        # Attachments become content parts in async_add_attachments (it reads files).
         return {"role": "user", "content": content.content}
     if isinstance(content, conversation.SystemContent):
         return {"role": "system", "content": content.content}
@@ -195,6 +193,9 @@ async def transform_stream(
     async for chunk in chunks:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
+            # The server's reasoning_content is thinking to Home Assistant: shown, never spoken.
+            if thinking := delta.get("reasoning_content"):
+                yield {"thinking_content": thinking}
             if content := delta.get("content"):
                 yield {"content": content}
             for fragment in delta.get("tool_calls") or ():
@@ -303,7 +304,9 @@ class HearthBaseLLMEntity(Entity):
             )
 
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
-        messages = trim_history(_convert_all(chat_log.content), max_history)
+        messages = _convert_all(chat_log.content)
+        await async_add_attachments(self.hass, chat_log.content, messages)
+        messages = trim_history(messages, max_history)
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
             try:

@@ -248,7 +248,9 @@ class FakeHearth:
     def __init__(self) -> None:
         """Initialize the fake with a tool-calling chat handler."""
         self.api_key: str | None = API_KEY
-        self.loading = False  # answer 503 as a server still loading its model does
+        # /health answers this status instead of 200: 503 as a server still loading its model
+        # does, 500 as one that is broken.
+        self.health_status: int | None = None
         self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
         self.chat_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.chat_handler: Callable[[dict[str, Any]], list[dict[str, Any]]] = tool_call_script
@@ -313,11 +315,11 @@ class FakeHearth:
             self._runner = None
 
     async def _health(self, request: web.Request) -> web.Response:
-        if self.loading:
+        if self.health_status is not None:
             return web.json_response(
-                {"error": {"message": "model loading", "type": "unavailable", "param": None,
-                           "code": "model_loading"}},
-                status=503,
+                {"error": {"message": f"status {self.health_status}", "type": "server_error",
+                           "param": None, "code": None}},
+                status=self.health_status,
             )
         return web.json_response({"status": "ready", "model": "fake-model", "version": "0.1.0"})
 

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import base64
+from pathlib import Path
+
 import pytest
 import voluptuous as vol
 from hearth_server import HearthServer
-from homeassistant.components import ai_task
+from homeassistant.components import ai_task, conversation
 from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers.entity_component import DATA_INSTANCES
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from .conftest import FakeHearth, async_queue, async_setup_hearth, async_wait_for, entity_of
+from .conftest import (
+    FakeHearth,
+    async_queue,
+    async_setup_hearth,
+    async_wait_for,
+    entity_of,
+    open_chat_session,
+    text_chunks,
+)
 
 pytestmark = [pytest.mark.ha, pytest.mark.usefixtures("socket_enabled")]
 
@@ -99,3 +112,55 @@ async def test_structured_request_format(
     assert sorted(schema["required"]) == ["colour", "count", "note"]
     assert schema["properties"]["count"]["type"] == "integer"
     assert schema["properties"]["note"]["type"] == ["string", "null"]
+
+
+async def _handle_with_attachment(
+    hass: HomeAssistant, entry: MockConfigEntry, attachment: conversation.Attachment
+) -> None:
+    """Run the AI Task entity on a chat log whose user turn carries one attachment."""
+    entity = hass.data[DATA_INSTANCES]["ai_task"].get_entity(entity_of(hass, entry, "ai_task"))
+    with (
+        open_chat_session(hass) as session,
+        conversation.async_get_chat_log(hass, session) as chat_log,
+    ):
+        chat_log.async_add_user_content(
+            conversation.UserContent("What is in the picture?", attachments=[attachment])
+        )
+        await entity._async_handle_chat_log(chat_log, request_class="background", user="t")
+
+
+async def test_image_attachment_goes_as_an_image_part(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry, tmp_path: Path
+) -> None:
+    """An attached image reaches the server as an OpenAI image part (a base64 data URL) after
+    the question's text; the entity says it takes attachments."""
+    state = hass.states.get(entity_of(hass, fake_entry, "ai_task"))
+    assert state.attributes["supported_features"] & ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS
+    picture = tmp_path / "door.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n-a-tiny-picture")
+    fake_hearth.chat_handler = lambda body: text_chunks("A closed door.")
+    door = conversation.Attachment("media-source://camera/door", "image/png", picture)
+    await _handle_with_attachment(hass, fake_entry, door)
+    _, body = fake_hearth.chat_requests[-1]
+    user = body["messages"][-1]
+    assert user["role"] == "user"
+    assert user["content"] == [
+        {"type": "text", "text": "What is in the picture?"},
+        {"type": "image_url", "image_url": {
+            "url": "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()}},
+    ]
+
+
+async def test_other_attachments_are_refused_by_name(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry, tmp_path: Path
+) -> None:
+    """A file that is not an image is refused before anything is sent, naming its type."""
+    notes = tmp_path / "notes.pdf"
+    notes.write_bytes(b"%PDF-1.7")
+    with pytest.raises(HomeAssistantError) as raised:
+        await _handle_with_attachment(
+            hass, fake_entry, conversation.Attachment("media-source://x", "application/pdf", notes)
+        )
+    assert raised.value.translation_key == "unsupported_attachments"
+    assert raised.value.translation_placeholders == {"mime_type": "application/pdf"}
+    assert fake_hearth.chat_requests == []

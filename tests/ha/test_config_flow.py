@@ -15,7 +15,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.hearth.const import CONF_CLASS_POLICY, CONF_REQUEST_CLASS, DOMAIN
 
-from .conftest import API_KEY
+from .conftest import API_KEY, FakeHearth
 
 pytestmark = [pytest.mark.ha, pytest.mark.model, pytest.mark.usefixtures("socket_enabled")]
 
@@ -113,6 +113,19 @@ async def test_user_invalid_url(hass: HomeAssistant) -> None:
         result["flow_id"], {CONF_URL: "not a url"}
     )
     assert result["errors"] == {CONF_URL: "invalid_url"}
+
+
+async def test_user_unexpected_answer(hass: HomeAssistant, fake_hearth: FakeHearth) -> None:
+    """A server that answers, but with an error Hearth does not expect: unknown."""
+    fake_hearth.health_status = 500
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {CONF_URL: fake_hearth.url, CONF_API_KEY: API_KEY}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {"base": "unknown"}
 
 
 async def test_hassio_discovery_confirm(
@@ -214,6 +227,29 @@ async def test_reconfigure(hass: HomeAssistant, hearth_server: HearthServer) -> 
     assert result["type"] is FlowResultType.ABORT
     assert result["reason"] == "reconfigure_successful"
     assert entry.data == {CONF_URL: hearth_server.url, CONF_API_KEY: API_KEY}
+
+
+async def test_reconfigure_refusals(hass: HomeAssistant, hearth_server: HearthServer) -> None:
+    """Reconfigure refuses a malformed URL (the form stays open) and the address of another
+    entry (aborts); nothing changes."""
+    taken = MockConfigEntry(domain=DOMAIN, data={CONF_URL: hearth_server.url})
+    taken.add_to_hass(hass)
+    entry = MockConfigEntry(domain=DOMAIN, data={CONF_URL: "http://127.0.0.1:1"})
+    entry.add_to_hass(hass)
+
+    result = await entry.start_reconfigure_flow(hass)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {CONF_URL: "not a url"}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {CONF_URL: "invalid_url"}
+
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {CONF_URL: hearth_server.url + "/v1"}
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "already_configured"
+    assert entry.data == {CONF_URL: "http://127.0.0.1:1"}
 
 
 async def test_reauth(hass: HomeAssistant, hearth_server: HearthServer) -> None:

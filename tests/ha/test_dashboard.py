@@ -49,3 +49,20 @@ async def test_dashboard_entities_exist_and_are_enabled(
 def test_readme_shows_this_dashboard() -> None:
     readme = (DASHBOARD.parents[1] / "README.md").read_text()
     assert DASHBOARD.read_text() in readme
+
+
+def _cards(node: object) -> list[dict]:
+    if isinstance(node, dict):
+        return [node] * ("type" in node) + [c for v in node.values() for c in _cards(v)]
+    if isinstance(node, list):
+        return [c for item in node for c in _cards(item)]
+    return []
+
+
+def test_charts_show_the_last_hour() -> None:
+    """A new household has minutes of history, not days: the charts span one hour, so they
+    show lines rather than a dot at the right edge of an empty week."""
+    graphs = [c for c in _cards(yaml.safe_load(DASHBOARD.read_text()))
+              if c["type"] == "history-graph"]
+    assert graphs
+    assert all(graph.get("hours_to_show") == 1 for graph in graphs), graphs

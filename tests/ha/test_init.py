@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from unittest.mock import patch
 
 import pytest
 from hearth_server import HearthServer, free_port
@@ -26,11 +27,13 @@ from pytest_homeassistant_custom_component.components.diagnostics import (
 )
 from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
+import custom_components.hearth as hearth_init
 from custom_components.hearth import async_setup_entry
-from custom_components.hearth.const import DOMAIN, MODEL_LOADING_RETRY_SECONDS
+from custom_components.hearth.const import CONF_PROMPT, DOMAIN, MODEL_LOADING_RETRY_SECONDS
 
 from .conftest import (
     API_KEY,
+    CONVERSATION_OPTIONS,
     FakeHearth,
     async_queue,
     async_setup_hearth,
@@ -153,7 +156,7 @@ async def test_setup_retries_soon_while_the_model_loads(
 ) -> None:
     """A server that answers 503 (model loading) puts the entry into retry, with a short
     retry delay and a message saying why."""
-    fake_hearth.loading = True
+    fake_hearth.health_status = 503
     entry = MockConfigEntry(
         domain=DOMAIN, data={CONF_URL: fake_hearth.url, CONF_API_KEY: API_KEY}
     )
@@ -170,15 +173,50 @@ async def test_setup_retries_soon_while_the_model_loads(
     assert raised.value.retry_after == MODEL_LOADING_RETRY_SECONDS
 
 
+async def test_reconfigure_reloads_once(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
+) -> None:
+    """A reconfigured entry is reloaded once, by its update listener (the flow itself does
+    not reload too, as current Home Assistant asks)."""
+    other = FakeHearth()
+    await other.start()
+    try:
+        setups = 0
+        real_setup = hearth_init.async_setup_entry
+
+        async def counting_setup(hass: HomeAssistant, entry: MockConfigEntry) -> bool:
+            nonlocal setups
+            setups += 1
+            return await real_setup(hass, entry)
+
+        with patch.object(hearth_init, "async_setup_entry", counting_setup):
+            result = await fake_entry.start_reconfigure_flow(hass)
+            result = await hass.config_entries.flow.async_configure(
+                result["flow_id"], {CONF_URL: other.url, CONF_API_KEY: API_KEY}
+            )
+            await hass.async_block_till_done()
+        assert result["reason"] == "reconfigure_successful"
+        assert setups == 1
+        assert fake_entry.state is ConfigEntryState.LOADED
+        assert fake_entry.runtime_data.client.url == other.url
+    finally:
+        await other.stop()
+
+
 async def test_diagnostics_redact_key(
     hass: HomeAssistant,
     hass_client: ClientSessionGenerator,
     fake_entry: MockConfigEntry,
 ) -> None:
-    """Diagnostics carry the queue snapshot but not the API key."""
+    """Diagnostics carry the queue snapshot but not the API key, nor the agents' prompts."""
     diagnostics = await get_diagnostics_for_config_entry(hass, hass_client, fake_entry)
     assert diagnostics["entry"]["data"][CONF_API_KEY] == "**REDACTED**"
     assert API_KEY not in str(diagnostics)
+    assert CONVERSATION_OPTIONS[CONF_PROMPT] not in str(diagnostics)
+    agent = next(
+        sub for sub in diagnostics["entry"]["subentries"] if sub["subentry_type"] == "conversation"
+    )
+    assert agent["data"][CONF_PROMPT] == "**REDACTED**"
     assert diagnostics["queue"]["tokens_per_s"] == pytest.approx(12.3)
     assert diagnostics["server"]["model"] == "fake-model"
     assert len(diagnostics["entry"]["subentries"]) == 2

@@ -7,6 +7,7 @@ from homeassistant import config_entries
 from homeassistant.const import CONF_LLM_HASS_API, CONF_NAME, CONF_URL
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -20,7 +21,7 @@ from custom_components.hearth.const import (
     DOMAIN,
 )
 
-from .conftest import FakeHearth
+from .conftest import CONVERSATION_OPTIONS, FakeHearth, async_setup_hearth
 
 pytestmark = pytest.mark.ha
 
@@ -101,3 +102,56 @@ async def test_subentry_needs_loaded_entry(hass: HomeAssistant, fake_hearth: Fak
     )
     assert result["type"] is FlowResultType.ABORT
     assert result["reason"] == "entry_not_loaded"
+
+
+async def test_subentry_form_drops_vanished_apis(
+    hass: HomeAssistant, fake_hearth: FakeHearth
+) -> None:
+    """An agent stored with one API as a plain string (older releases) and one API that no
+    longer exists is offered for reconfiguration with only the APIs that still exist."""
+    entry = await async_setup_hearth(
+        hass,
+        fake_hearth.url,
+        conversation={**CONVERSATION_OPTIONS, CONF_LLM_HASS_API: "assist"},
+    )
+    agent = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    result = await entry.start_subentry_reconfigure_flow(hass, agent.subentry_id)
+    assert result["type"] is FlowResultType.FORM
+    suggested = {
+        str(key): key.description.get("suggested_value")
+        for key in result["data_schema"].schema
+        if key.description
+    }
+    assert suggested[CONF_LLM_HASS_API] == ["assist"]
+
+    hass.config_entries.async_update_subentry(
+        entry, agent, data={**agent.data, CONF_LLM_HASS_API: ["assist", "gone"]}
+    )
+    await hass.async_block_till_done()
+    result = await entry.start_subentry_reconfigure_flow(hass, agent.subentry_id)
+    suggested = {
+        str(key): key.description.get("suggested_value")
+        for key in result["data_schema"].schema
+        if key.description
+    }
+    assert suggested[CONF_LLM_HASS_API] == ["assist"]
+
+
+async def test_removed_subentry_takes_its_device(
+    hass: HomeAssistant, fake_entry: MockConfigEntry
+) -> None:
+    """Removing an agent removes its entity and its device; the server's device stays."""
+    def device_ids() -> set[str]:
+        devices = dr.async_entries_for_config_entry(dr.async_get(hass), fake_entry.entry_id)
+        return {ident for device in devices for _, ident in device.identifiers}
+
+    agent = next(s for s in fake_entry.subentries.values() if s.subentry_type == "conversation")
+    assert {agent.subentry_id, fake_entry.entry_id} <= device_ids()
+
+    assert hass.config_entries.async_remove_subentry(fake_entry, agent.subentry_id)
+    await hass.async_block_till_done()
+
+    assert agent.subentry_id not in device_ids()
+    assert fake_entry.entry_id in device_ids()
+    entities = er.async_entries_for_config_entry(er.async_get(hass), fake_entry.entry_id)
+    assert not any(e.domain == "conversation" for e in entities)

@@ -171,6 +171,30 @@ async def test_tool_loop_is_bounded(
     assert len(fake_hearth.chat_requests) == 10
 
 
+async def _pipeline_turn(
+    hass: HomeAssistant, agent_id: str, text: str
+) -> tuple[conversation.ConversationResult, list[dict[str, Any]], conversation.Content]:
+    """A turn whose chat log streams to a listener, as a voice pipeline's does: the result,
+    the deltas the listener saw and the chat log's last entry."""
+    deltas: list[dict[str, Any]] = []
+    with (
+        open_chat_session(hass) as session,
+        conversation.async_get_chat_log(
+            hass,
+            session,
+            conversation.ConversationInput(
+                text=text, context=Context(), conversation_id=session.conversation_id,
+                device_id=None, satellite_id=None, language="en", agent_id=agent_id,
+            ),
+            chat_log_delta_listener=lambda chat_log, delta: deltas.append(delta),
+        ) as chat_log,
+    ):
+        result = await conversation.async_converse(
+            hass, text, session.conversation_id, Context(), agent_id=agent_id
+        )
+        return result, deltas, chat_log.content[-1]
+
+
 async def test_pipeline_turn_streams_at_voice_class(
     hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
 ) -> None:
@@ -178,28 +202,7 @@ async def test_pipeline_turn_streams_at_voice_class(
     answer reaches the listener piece by piece."""
     fake_hearth.chat_handler = lambda body: text_chunks("It is sunny and warm today.")
     agent_id = entity_of(hass, fake_entry, "conversation")
-    deltas: list[dict[str, Any]] = []
-
-    with (
-        open_chat_session(hass) as session,
-        conversation.async_get_chat_log(
-            hass,
-            session,
-            conversation.ConversationInput(
-                text="How is the weather?",
-                context=Context(),
-                conversation_id=session.conversation_id,
-                device_id=None,
-                satellite_id=None,
-                language="en",
-                agent_id=agent_id,
-            ),
-            chat_log_delta_listener=lambda chat_log, delta: deltas.append(delta),
-        ),
-    ):
-        result = await conversation.async_converse(
-            hass, "How is the weather?", session.conversation_id, Context(), agent_id=agent_id
-        )
+    result, deltas, _ = await _pipeline_turn(hass, agent_id, "How is the weather?")
 
     assert result.response.speech["plain"]["speech"] == "It is sunny and warm today."
     headers, body = fake_hearth.chat_requests[-1]
@@ -245,3 +248,27 @@ async def test_fixed_class_policy_and_history(
     contents = [message["content"] for message in body["messages"]]
     assert roles == ["system", "user", "assistant", "user"]
     assert contents[1:] == ["two", "Second answer.", "three"]
+
+
+async def test_reasoning_is_thinking_never_speech(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
+) -> None:
+    """The server's reasoning_content reaches Home Assistant as thinking content: kept in the
+    chat log and streamed as thinking, never part of the spoken answer."""
+    def reasoning_then_answer(body: dict[str, Any]) -> list[dict[str, Any]]:
+        thoughts = [{"choices": [{"index": 0, "delta": {"reasoning_content": piece}}]}
+                    for piece in ("The user wants ", "the weather.")]
+        return [*thoughts, *text_chunks("It is sunny.")]
+
+    fake_hearth.chat_handler = reasoning_then_answer
+    agent_id = entity_of(hass, fake_entry, "conversation")
+    result, deltas, answer = await _pipeline_turn(hass, agent_id, "How is the weather?")
+
+    assert result.response.speech["plain"]["speech"] == "It is sunny."
+    assert isinstance(answer, conversation.AssistantContent)
+    assert answer.content == "It is sunny."
+    assert answer.thinking_content == "The user wants the weather."
+    thinking = "".join(d.get("thinking_content") or "" for d in deltas)
+    spoken = "".join(d.get("content") or "" for d in deltas)
+    assert thinking == "The user wants the weather."
+    assert "weather" not in spoken
