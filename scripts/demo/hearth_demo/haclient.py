@@ -221,4 +221,5 @@ class HomeAssistantClient:
                 output = (event.get("data") or {}).get("intent_output") or {}
                 speech = ((output.get("response") or {}).get("speech") or {}).get("plain") or {}
                 return str(speech.get("speech", ""))
-        raise HAError(f"assist pipeline ended without an answer: {events[-3:]}")
+        kinds = [event.get("type") for event in events]
+        raise HAError(f"assist pipeline ended without an answer: {kinds}; last {events[-2:]}")

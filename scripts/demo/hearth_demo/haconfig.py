@@ -26,10 +26,12 @@ DEMO_LIGHTS = {
 DEMO_SENSOR = "sensor.living_room_temperature"
 EXPOSED_ENTITIES = [*(f"input_boolean.{key}" for key in DEMO_LIGHTS), DEMO_SENSOR]
 
-# The components configuration.yaml loads beyond Hearth's own closure; scripts/bootstrap installs
-# their requirements.
+# The components configuration.yaml loads beyond Hearth's own closure, and those Home Assistant
+# sets up on every start (2026.11 added infrared and radio_frequency); scripts/bootstrap installs
+# their requirements (a domain a release does not have is skipped).
 DEMO_COMPONENTS = (
     "frontend", "config", "history", "logbook", "recorder", "lovelace", "input_boolean", "template",
+    "infrared", "radio_frequency",
 )
 
 CONFIGURATION = """\

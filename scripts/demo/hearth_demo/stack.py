@@ -201,6 +201,10 @@ class DemoStack:
                 self.step(f"onboarding: owner user {s.username!r}, then logging in")
                 await ha.onboard(s.name, s.username, s.password)
                 await _wait_running(ha, s.ha_timeout)
+                # Home Assistant >= 2026.11 moves the YAML `http:` settings (the demo's port) into
+                # storage as a trial that reverts, restarting on port 8123, unless confirmed;
+                # confirm it as the user would (older releases answer unknown_command: no-op).
+                await ha.ws("http/config/promote")
 
                 self.step(f"configuring the Hearth integration against {s.server_url}")
                 self.entry_id = await self._ensure_entry(ha)
