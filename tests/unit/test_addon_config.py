@@ -200,7 +200,7 @@ def test_only_one_addon_manifest_in_repository():
         files = [str(p.relative_to(ROOT)) for p in ROOT.rglob("config.*")
                  if ".git" not in p.parts]
     found = sorted(f for f in files
-                   if Path(f).name in names and not f.startswith((".venv/", ".git/")))
+                   if Path(f).name in names and not f.startswith((".venv", ".git/")))
     assert found == ["addon/config.yaml"], f"add-on manifests in the repository: {found}"
 
 
