@@ -54,6 +54,8 @@ class SimBackend:
         return len(self.refs)
 
     def decode(self, tokens, pos, seqs, outputs) -> int:
+        if len(tokens) > self.n_batch:  # llama.cpp refuses a batch over n_batch outright
+            raise ValueError(f"batch of {len(tokens)} tokens exceeds n_batch {self.n_batch}")
         new = sum(1 for p, s in zip(pos, seqs, strict=True) if p not in self.cells.get(s, {}))
         if self.used + new > self.n_ctx:
             return 1

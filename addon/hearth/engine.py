@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -138,6 +138,7 @@ class EngineCore:
         self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
+        self.failed: str | None = None  # set when the engine thread died: nothing is served
 
     # -- any thread ------------------------------------------------------------------------
     def submit(self, r: Request) -> Request:
@@ -158,7 +159,9 @@ class EngineCore:
                     raise RequestError(
                         f"an embedding input has {len(p)} tokens; the limit is {limit}",
                         code="context_length_exceeded")
-        with self.lock:
+        with self.lock:  # checked under the lock that fail_all takes: nothing slips past it
+            if self.failed:
+                raise RequestError(self.failed, status=503, code="engine_failed")
             queued = sum(1 for x in self.waiting + self.embed_waiting if x.rank == r.rank) + \
                 sum(1 for k, x in self._inbox if k == "add" and x.rank == r.rank)
             if queued >= self.cfg.max_queue:
@@ -201,6 +204,22 @@ class EngineCore:
             self.b.seq_rm(0)
             if status == 0:
                 self.cost.observe(n, dt)
+
+    def fail_all(self, message: str) -> None:
+        """The engine cannot go on: every queued and running request gets an error now, and
+        later submissions are refused (called from the dying engine thread)."""
+        with self.lock:
+            self.failed = message
+            pending = [x for _, x in self._inbox if isinstance(x, Request)]
+            self._inbox.clear()
+        requests = {r.id: r for r in [*pending, *self.waiting, *self.running,
+                                      *self.embed_waiting]}
+        self.waiting, self.running, self.embed_waiting = [], [], []
+        for r in requests.values():
+            try:
+                r.sink([Event("error", message=message, status=503)])
+            except Exception:  # one broken sink must not keep the others waiting
+                log.exception("could not tell request %d that the engine stopped", r.id)
 
     def has_work(self) -> bool:
         return bool(self._inbox or self.waiting or self.running or self.embed_waiting)
@@ -352,12 +371,14 @@ class EngineCore:
     def prefill_budget(self, n_decode: int, stretch: float = 1.0) -> int:
         """Prefill tokens that fit beside ``n_decode`` decode tokens in one iteration of
         ``stretch`` latency targets."""
-        cap = self.b.n_batch - n_decode
+        cap = max(0, self.b.n_batch - n_decode)
         interactive = any(r.rank <= INTERACTIVE_RANK for r in self.running + self.waiting)
         if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound and not interactive):
             return cap
         room = stretch * self.cfg.latency_target_s - self.cost.predict(n_decode)
-        return max(self.cfg.min_prefill_chunk, min(cap, self.cost.tokens_within(room)))
+        # The minimum chunk keeps prefill moving under a slow cost model, but never past the
+        # batch's room (which would fail the decode).
+        return min(cap, max(self.cfg.min_prefill_chunk, self.cost.tokens_within(room)))
 
     def _build_batch(self, now: float) -> list[_Item]:
         items: list[_Item] = []
@@ -633,11 +654,13 @@ class EngineCore:
 class Engine:
     """Runs an :class:`EngineCore` in its own thread."""
 
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore,
+                 on_death: Callable[[BaseException], None] | None = None):
         self.core = core
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.on_death = on_death  # told after the requests have their errors
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
@@ -654,9 +677,12 @@ class Engine:
                 if not core.step():
                     core.wakeup.wait(0.01)
                     core.wakeup.clear()
-        except BaseException as e:  # pragma: no cover - reported through /health
+        except BaseException as e:
             self.error = e
             log.exception("engine thread died")
+            self.core.fail_all(f"engine stopped: {e}")
+            if self.on_death is not None:
+                self.on_death(e)
 
     def stop(self) -> None:
         self._stop.set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self.job_counts: dict[str, int] | None = None  # refreshed by /metrics
         self.stats = Stats()  # exists before the engine, so observers can subscribe early
+        self.exit_code = 0  # the process's, once the server stops
 
     def start_loading(self) -> None:
         self._thread = threading.Thread(target=self._load_safely, name="hearth-load",
@@ -84,11 +86,19 @@ class Runtime:
                                        specials.get("eos_token", ""))
         self.model, self.backend, self.core = model, backend, core
         self.model_id = path.stem
-        self.engine = Engine(core)
+        self.engine = Engine(core, on_death=self._engine_died)
         self.engine.start()
         self.state = "ready"
         log.info("model %s ready (%s, n_ctx=%d, n_parallel=%d, policy=%s)", self.model_id,
                  model.description, backend.n_ctx, s.n_parallel, s.policy)
+
+    def _engine_died(self, err: BaseException) -> None:
+        """The engine thread died (its requests already have their errors): /health says so,
+        and the process stops gracefully with a failure status, jobs requeued, so that the
+        Supervisor (or systemd, or the user's loop) starts it afresh."""
+        self.state, self.error = "failed", f"engine stopped: {err}"
+        self.exit_code = 70  # EX_SOFTWARE
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         bos = self.formatter.bos_token if self.formatter else ""

@@ -94,6 +94,10 @@ async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
         raise ApiError(400, f"the body is not valid JSON: {e}", "invalid_json") from e
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", "invalid_json")
+    if (where := unencodable_at(data)) is not None:
+        raise ApiError(400, f"{where or 'a key'}: the text holds a lone surrogate (an escape "
+                       "such as \\ud800 that is not half of a pair); it is not valid Unicode",
+                       "invalid_unicode", where or None)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -101,6 +105,30 @@ async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
         loc = ".".join(str(p) for p in err["loc"])
         raise ApiError(400, f"{loc}: {err['msg']}" if loc else err["msg"], "invalid_value",
                        loc or None) from e
+
+
+def unencodable_at(data: Any) -> str | None:
+    """The dotted path of the first string (or key) in ``data`` that UTF-8 cannot encode: JSON
+    allows escapes of lone surrogates, the tokenizer does not. None when all is well."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path
+                stack.append((child, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
 
 
 def ready(request: web.Request) -> Runtime:

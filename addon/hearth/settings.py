@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 CLASS_NAMES = ("voice", "chat", "agent", "background", "embedding")
 ENV_PREFIX = "HEARTH_"
@@ -91,6 +91,15 @@ class Settings(BaseModel):
         if n_batch is not None and v > n_batch:
             raise ValueError("n_ubatch must not exceed n_batch")
         return v
+
+    @model_validator(mode="after")
+    def _batch_holds_every_decode(self) -> Settings:
+        # Every running sequence decodes one token per iteration: a batch smaller than the
+        # sequences that may run cannot be built.
+        if self.n_batch < self.n_parallel:
+            raise ValueError(f"n_batch ({self.n_batch}) must be at least n_parallel "
+                             f"({self.n_parallel}): each running sequence needs a batch slot")
+        return self
 
     def aging_seconds(self) -> dict[str, float]:
         return {

@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 import schemathesis
 from hearth_server import HearthServer
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.model
 
@@ -60,6 +61,63 @@ def test_fuzz_never_5xx_nor_hangs(case, fuzz_server):
     if resp.status_code >= 400:
         err = resp.json()["error"]
         assert err["message"] and err["type"]
+
+
+# Valid bodies of every endpoint that takes text; the property below plants lone surrogates
+# (JSON escapes such as "\ud800" that no UTF-8 text can hold) into their strings and keys.
+VALID_BODIES = {
+    "/v1/chat/completions": {"messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": [{"type": "text",
+                                                                        "text": "Hi"}]}],
+                             "max_tokens": 2, "stop": ["\n"], "user": "alice",
+                             "tools": [{"type": "function", "function": {
+                                 "name": "f", "description": "d",
+                                 "parameters": {"type": "object", "properties": {}}}}]},
+    "/v1/completions": {"prompt": "Once", "max_tokens": 2, "stop": ["."]},
+    "/v1/embeddings": {"input": ["a text", "another"]},
+    "/v1/jobs": {"request": {"messages": [{"role": "user", "content": "Sum up."}],
+                             "max_tokens": 2}, "tag": "t"},
+}
+
+
+def _strings(node: object, path: tuple = ()) -> list[tuple]:
+    """Paths of every string value and key in ``node`` (a key's path ends with its name)."""
+    if isinstance(node, str):
+        return [path]
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in [(*path, ("key", k)), *_strings(v, (*path, k))]]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _strings(v, (*path, i))]
+    return []
+
+
+def _plant(body: dict, path: tuple, bad: str) -> dict:
+    body = json.loads(json.dumps(body))
+    *parents, last = path
+    node = body
+    for step in parents:
+        node = node[step]
+    if isinstance(last, tuple):  # a key: rename it
+        node[last[1] + bad] = node.pop(last[1])
+    else:
+        node[last] = node[last] + bad
+    return body
+
+
+@pytest.mark.parametrize("endpoint", sorted(VALID_BODIES))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_lone_surrogates_anywhere_are_a_400(fuzz_server, endpoint, data):
+    """A lone surrogate in any string or key of a valid body: a 400 in the OpenAI shape, never
+    a 500 (it once failed in the prompt builder)."""
+    body = VALID_BODIES[endpoint]
+    path = data.draw(st.sampled_from(_strings(body)))
+    # One surrogate, high or low: never half of a pair (a pair is a valid character).
+    bad = data.draw(st.characters(categories=["Cs"]))
+    raw = json.dumps(_plant(body, path, bad)).encode()  # ensure_ascii: escapes, valid JSON
+    status, out = fuzz_server.post(endpoint, raw, timeout=60)
+    assert status == 400, out
+    assert out["error"]["code"] == "invalid_unicode" and "surrogate" in out["error"]["message"]
 
 
 def test_server_healthy_after_fuzzing(fuzz_server):

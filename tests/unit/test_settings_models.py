@@ -30,6 +30,8 @@ def test_invalid_settings_exit_with_a_readable_message():
         load(parse("--policy", "random"), {})
     with pytest.raises(SystemExit, match="n_ubatch"):
         load(parse("--n-batch", "64", "--n-ubatch", "128"), {})
+    with pytest.raises(SystemExit, match=r"n_batch \(16\) must be at least n_parallel \(17\)"):
+        load(parse("--n-batch", "16", "--n-ubatch", "16", "--n-parallel", "17"), {})
 
 
 def test_packaged_model_is_found():

@@ -1,0 +1,85 @@
+"""Faults that surface: a dead engine thread, settings that cannot work, batches that would not
+fit (simulated backend)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sim_backend import SimBackend, make_core, request, run_until
+
+from hearth.engine import Engine, RequestError
+
+
+class DyingBackend(SimBackend):
+    """Decodes a few batches, then fails the way a broken driver or context would."""
+
+    def __init__(self, decodes_before_failure: int, **kw):
+        super().__init__(**kw)
+        self.left = decodes_before_failure
+
+    def decode(self, tokens, pos, seqs, outputs) -> int:
+        self.left -= 1
+        if self.left < 0:
+            raise RuntimeError("device lost")
+        return super().decode(tokens, pos, seqs, outputs)
+
+
+def test_a_dead_engine_thread_fails_every_request_and_refuses_new_ones():
+    """Running, admitted-but-waiting and not-yet-drained requests all get a 503 error event
+    (nobody waits forever), later submissions are refused with 503, and the owner is told."""
+    b = DyingBackend(3, n_seq_max=4)
+    core, _ = make_core("hearth", n_parallel=2, backend=b)
+    sinks = []
+    for i in range(5):
+        r, sink = request(b, "chat" if i % 2 else "background", 40, 50, seed=i)
+        core.submit(r)
+        sinks.append(sink)
+    died = threading.Event()
+    seen: list[BaseException] = []
+    engine = Engine(core, on_death=lambda err: (seen.append(err), died.set()))
+    engine.start()
+    assert died.wait(10), "the engine did not die"
+    engine.stop()
+
+    assert isinstance(engine.error, RuntimeError) and seen == [engine.error]
+    for sink in sinks:
+        assert sink.done is not None and sink.done.kind == "error"
+        assert sink.done.status == 503 and "engine stopped: device lost" in sink.done.message
+    assert not (core.waiting or core.running)
+    with pytest.raises(RequestError) as refused:
+        core.submit(request(b, "voice", 10, 4, seed=9)[0])
+    assert refused.value.status == 503 and refused.value.code == "engine_failed"
+
+
+def test_prefill_never_overflows_the_batch():
+    """With nearly every batch slot taken by decodes, prefill gets only the room that is left,
+    not the minimum chunk (which once made llama_decode raise and killed the engine)."""
+    b = SimBackend(n_batch=16, n_ubatch=16, n_seq_max=24)
+    core, _ = make_core("hearth", n_parallel=16, backend=b)
+    streams = []
+    for i in range(15):
+        r, sink = request(b, "chat", 8, 400, seed=i)
+        core.submit(r)
+        streams.append((r, sink))
+    run_until(core, lambda: all(r.first_token_at is not None for r, _ in streams))
+    assert core.prefill_budget(15) == 1 and core.prefill_budget(16) == 0
+    late, late_sink = request(b, "chat", 64, 2, seed=99)
+    core.submit(late)
+    run_until(core, lambda: late_sink.done is not None)
+    assert late_sink.done.kind == "done"
+    assert max(batch["n"] for batch in b.batches) <= 16
+
+
+def test_the_runtime_reports_a_dead_engine_and_stops_the_process(monkeypatch):
+    """/health turns to failed with the reason, and the process is asked to stop gracefully
+    (SIGTERM: jobs are requeued) with a failure status, so its supervisor restarts it."""
+    from hearth import runtime
+    from hearth.settings import Settings
+
+    signals: list[tuple[int, int]] = []
+    monkeypatch.setattr(runtime.os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    rt = runtime.Runtime(Settings())
+    rt._engine_died(RuntimeError("device lost"))
+    assert (rt.state, rt.error, rt.exit_code) == ("failed", "engine stopped: device lost", 70)
+    assert signals == [(runtime.os.getpid(), runtime.signal.SIGTERM)]
