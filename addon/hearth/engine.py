@@ -139,6 +139,7 @@ class EngineCore:
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
+        self._publish()
 
     # -- any thread ------------------------------------------------------------------------
     def submit(self, r: Request) -> Request:
@@ -227,6 +228,12 @@ class EngineCore:
     # -- the engine thread -----------------------------------------------------------------
     def step(self) -> bool:
         """One iteration. Returns False when there was nothing to do."""
+        try:
+            return self._iterate()
+        finally:
+            self._publish()
+
+    def _iterate(self) -> bool:
         now = self.b.now()
         self._drain_inbox(now)
         self._admit(now)
@@ -624,7 +631,8 @@ class EngineCore:
 
     # -- introspection ----------------------------------------------------------------------
     def queue_state(self) -> dict[str, Any]:
-        """Counts for /v1/queue (call under ``lock`` from other threads)."""
+        """Counts for /v1/queue and /metrics, from any thread (take ``lock`` for a view
+        consistent with the inbox)."""
         from .scheduler import CLASS_RANKS
 
         waiting = dict.fromkeys(CLASS_RANKS, 0)
@@ -637,14 +645,19 @@ class EngineCore:
                 waiting[x.cls] += 1
         for r in list(self.running):
             running[r.cls] += 1
-        return {
-            "waiting": waiting,
-            "running": running,
-            "kv": {"cells": self.pool.n_ctx, "used": self.pool.used_cells,
-                   "used_by_running": self.pool.running_cells,
-                   "used_by_prefix_cache": self.pool.cached_cells,
-                   "use": round(self.pool.used_cells / self.pool.n_ctx, 4)},
-            "prefix_cache": self.pool.stats(),
+        return {"waiting": waiting, "running": running, **self.pool_view}
+
+    def _publish(self) -> None:
+        """What other threads may read of the KV pool, the cost model and the counters: made
+        by the engine thread after each iteration and swapped in whole, so readers never
+        iterate structures the engine is changing."""
+        pool = self.pool
+        self.pool_view = {
+            "kv": {"cells": pool.n_ctx, "used": pool.used_cells,
+                   "used_by_running": pool.running_cells,
+                   "used_by_prefix_cache": pool.cached_cells,
+                   "use": round(pool.used_cells / pool.n_ctx, 4)},
+            "prefix_cache": pool.stats(),
             "cost_model": {"base_ms": round(self.cost.base * 1000, 3),
                            "per_token_ms": round(self.cost.per_token * 1000, 4)},
             "vtc": dict(self.policy.vtc),

@@ -61,7 +61,7 @@ class _EngineCollector:
             return
         with core.lock:
             q = core.queue_state()
-            snap = core.stats.snapshot(core.b.now())
+        snap = core.stats.snapshot(core.b.now())  # percentiles outside the engine's lock
         waiting = GaugeMetricFamily("hearth_requests_waiting", "Requests waiting", labels=["class"])
         running = GaugeMetricFamily("hearth_requests_running", "Sequences running",
                                     labels=["class"])

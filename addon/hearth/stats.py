@@ -1,6 +1,7 @@
 """Per-request timings aggregated per class and per user over a sliding window.
 
-The engine records; the HTTP layer reads :meth:`Stats.snapshot` (under the engine's lock).
+The engine records; the HTTP layer reads :meth:`Stats.snapshot`, which copies under the stats'
+own lock and computes outside it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def _pcts(values: list[float]) -> dict[str, float | None]:
     a = np.asarray(values) * 1000.0
     return {"p50": round(float(np.percentile(a, 50)), 2),
             "p95": round(float(np.percentile(a, 95)), 2)}
+
+
+def _rate(tokens: list[tuple[float, int]], now: float, span: float = 10.0) -> float:
+    """Generated tokens per second over the last ``span`` seconds."""
+    edge = now - span
+    return round(sum(k for t, k in tokens if t >= edge) / span, 2)
 
 
 class Stats:
@@ -97,24 +104,29 @@ class Stats:
         self.preempted[cls] += 1
 
     def tokens_per_s(self, now: float, span: float = 10.0) -> float:
-        edge = now - span
-        n = sum(k for t, k in self.tokens if t >= edge)
-        return round(n / span, 2)
+        with self._lock:
+            tokens = list(self.tokens)
+        return _rate(tokens, now, span)
 
     def snapshot(self, now: float) -> dict:
+        """The window's aggregates. Only the copy is made under the lock the engine thread
+        records under; the percentiles are computed outside it, so a reader never stalls an
+        iteration."""
         with self._lock:
-            return self._snapshot(now)
-
-    def _snapshot(self, now: float) -> dict:
-        self._trim(now)
+            self._trim(now)
+            finished = list(self.finished)
+            tokens = list(self.tokens)
+            counts = {"completed": dict(self.completed), "rejected": dict(self.rejected),
+                      "failed": dict(self.failed), "preempted": dict(self.preempted)}
+            totals = {"generated_tokens_total": self.generated_total,
+                      "prompt_tokens_total": self.prompt_total,
+                      "preemptions": self.preemptions, "iterations": self.iterations,
+                      "aborted_iterations": self.aborted_iterations}
         per_class: dict[str, dict] = {}
         for cls in CLASS_RANKS:
-            rows = [f for f in self.finished if f.cls == cls]
+            rows = [f for f in finished if f.cls == cls]
             per_class[cls] = {
-                "completed": self.completed[cls],
-                "rejected": self.rejected[cls],
-                "failed": self.failed[cls],
-                "preempted": self.preempted[cls],
+                **{name: counts[name][cls] for name in counts},
                 "window_completed": len(rows),
                 "queue_ms": _pcts([f.queue for f in rows if f.queue is not None]),
                 "ttft_ms": _pcts([f.ttft for f in rows if f.ttft is not None]),
@@ -122,7 +134,7 @@ class Stats:
                 "e2e_ms": _pcts([f.e2e for f in rows]),
             }
         served: dict[str, float] = {}
-        for f in self.finished:
+        for f in finished:
             served[f.user] = served.get(f.user, 0.0) + (f.prompt - f.cached) + 2 * f.generated
         total = sum(served.values()) or 1.0
         return {
@@ -130,10 +142,6 @@ class Stats:
             "classes": per_class,
             "users": {u: {"share": round(v / total, 4), "served_tokens": v}
                       for u, v in sorted(served.items())},
-            "tokens_per_s": self.tokens_per_s(now),
-            "generated_tokens_total": self.generated_total,
-            "prompt_tokens_total": self.prompt_total,
-            "preemptions": self.preemptions,
-            "iterations": self.iterations,
-            "aborted_iterations": self.aborted_iterations,
+            "tokens_per_s": _rate(tokens, now),
+            **totals,
         }
