@@ -697,11 +697,16 @@ class Engine:
             if self.on_death is not None:
                 self.on_death(e)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the thread; a decode under way is aborted first. Returns whether the thread
+        has ended (only then may the context be freed)."""
         self._stop.set()
+        self.core.b.request_abort()
         self.core.wakeup.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout)
+            return not self._thread.is_alive()
+        return True
 
     def submit(self, r: Request) -> Request:
         return self.core.submit(r)

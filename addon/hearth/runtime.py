@@ -106,7 +106,9 @@ class Runtime:
         return self.model.tokenize(text, add_special=add_special, parse_special=True)
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.stop()
+        if self.engine is not None and not self.engine.stop():
+            # Freeing a context a decode still uses would crash the process: leave it to exit.
+            log.warning("the engine thread did not stop in time; its context is not freed")
+            return
         if self.backend is not None:
             self.backend.close()

@@ -127,3 +127,61 @@ def test_readers_never_trip_over_the_running_engine():
     assert engine.error is None
     assert all(s.done.kind == "done" for s in sinks)
     assert reads > 10 and core.stats.snapshot(b.now())["classes"]["voice"]["completed"] == 50
+
+
+class StuckBackend(SimBackend):
+    """A decode that runs until it is aborted (a long prefill on a slow device), or forever
+    if ``heeds_abort`` is false."""
+
+    def __init__(self, heeds_abort: bool = True, **kw):
+        super().__init__(**kw)
+        self.heeds_abort = heeds_abort
+        self.decoding = threading.Event()
+        self.aborted = threading.Event()
+        self.release = threading.Event()  # lets a stuck decode end when the test is over
+
+    def request_abort(self) -> None:
+        super().request_abort()
+        if self.heeds_abort:
+            self.aborted.set()
+
+    def decode(self, tokens, pos, seqs, outputs) -> int:
+        self.decoding.set()
+        while not (self.aborted.is_set() or self.release.is_set()):
+            time.sleep(0.001)
+        return 2  # aborted, as llama_decode answers
+
+
+@pytest.mark.parametrize("heeds_abort", [True, False])
+def test_stop_aborts_a_running_decode_and_says_whether_the_thread_ended(heeds_abort):
+    """Stopping aborts the decode under way, so the thread ends at once; if it does not end,
+    stop says so (and the runtime then keeps the context rather than free it under a
+    running decode)."""
+    b = StuckBackend(heeds_abort=heeds_abort)
+    core, _ = make_core("hearth", backend=b)
+    core.submit(request(b, "chat", 50, 4)[0])
+    engine = Engine(core)
+    engine.start()
+    assert b.decoding.wait(5)
+    started = time.monotonic()
+    assert engine.stop(timeout=0.5) is heeds_abort
+    assert time.monotonic() - started < (0.5 if heeds_abort else 5)
+    b.release.set()
+    assert engine.stop(timeout=5)
+
+
+def test_the_runtime_keeps_a_context_that_a_stuck_decode_still_uses():
+    from types import SimpleNamespace
+
+    from hearth import runtime
+    from hearth.settings import Settings
+
+    closed: list[bool] = []
+    rt = runtime.Runtime(Settings())
+    rt.backend = SimpleNamespace(close=lambda: closed.append(True))
+    rt.engine = SimpleNamespace(stop=lambda: False)
+    rt.close()
+    assert closed == []
+    rt.engine = SimpleNamespace(stop=lambda: True)
+    rt.close()
+    assert closed == [True]
