@@ -76,6 +76,10 @@ class Model:
         self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        # Memory kinds the engine's sequence sharing depends on (see runtime.unservable).
+        self.is_recurrent = bool(L.llama_model_is_recurrent(self.ptr))
+        self.is_hybrid = bool(L.llama_model_is_hybrid(self.ptr))
+        self.n_swa = int(L.llama_model_n_swa(self.ptr))
         self._pieces: dict[int, bytes] = {}
         desc = ctypes.create_string_buffer(256)
         L.llama_model_desc(self.ptr, desc, ctypes.sizeof(desc))
@@ -176,6 +180,9 @@ class Context:
                               "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                               "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[p.flash_attn]
         cp.kv_unified = p.kv_unified
+        # Sliding-window models keep every cell: prefix reuse and preemption restart a sequence
+        # from any position, which a window-sized cache would already have dropped.
+        cp.swa_full = True
         cp.embeddings = p.embeddings
         cp.no_perf = True
         if p.embeddings:

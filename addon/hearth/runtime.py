@@ -20,6 +20,17 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 
+def unservable(model: Any) -> str | None:
+    """Why the engine cannot serve this model correctly, or None. Recurrent and hybrid models
+    (Mamba, RWKV, Jamba, ...) keep a state per sequence that cannot be copied for a range or
+    cut at a position, which the prefix cache and preemption do all the time."""
+    if model.is_recurrent or model.is_hybrid:
+        kind = "a recurrent" if model.is_recurrent else "a hybrid (attention + recurrent)"
+        return (f"{kind} model: Hearth shares and trims each sequence's KV cache, which such "
+                "models' memory does not allow; serve a transformer model")
+    return None
+
+
 class Runtime:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -61,6 +72,9 @@ class Runtime:
         self.model_path = path
         log.info("loading %s", path)
         model = Model(path, n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
+        if reason := unservable(model):
+            model.close()
+            raise ValueError(f"{path.name}: {reason}")
         embed_model = None
         if s.embedding_model:
             embed_model = Model(resolve(s.embedding_model, s.models_dir),

@@ -293,3 +293,12 @@ def test_embeddings_many_inputs_in_one_decode(model):
 
     assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2])
     b.close()
+
+
+def test_the_embedded_model_is_one_the_engine_can_share(model):
+    """SmolLM2 is a plain transformer: neither recurrent nor hybrid, no sliding window, so
+    Hearth serves it (a recurrent or hybrid GGUF is refused at load, see runtime.unservable)."""
+    from hearth.runtime import unservable
+
+    assert (model.is_recurrent, model.is_hybrid, model.n_swa) == (False, False, 0)
+    assert unservable(model) is None

@@ -185,3 +185,16 @@ def test_the_runtime_keeps_a_context_that_a_stuck_decode_still_uses():
     rt.engine = SimpleNamespace(stop=lambda: True)
     rt.close()
     assert closed == [True]
+
+
+def test_models_the_engine_cannot_share_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from hearth.runtime import unservable
+
+    def model(**kind):
+        return SimpleNamespace(**{"is_recurrent": False, "is_hybrid": False, **kind})
+
+    assert unservable(model()) is None
+    assert "a recurrent model" in unservable(model(is_recurrent=True))
+    assert "a hybrid" in unservable(model(is_hybrid=True))
