@@ -128,6 +128,7 @@ class EngineCore:
         entries = self.cfg.prefix_cache_entries if self.cfg.prefix_cache else 0
         self.pool = KVPool(backend.n_ctx, backend.n_seq_max, entries, self.cfg.prefix_cache)
         self.cost = CostModel()
+        self.embed_cost = CostModel()  # the embedding context's decodes, measured apart
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.embed_waiting: list[Request] = []
@@ -238,14 +239,17 @@ class EngineCore:
         self._drain_inbox(now)
         self._admit(now)
         items = self._build_batch(now)
-        if self._should_embed(items, now):
-            self._run_embeddings(now)
-            self._flush_events()
-            return True
-        if not items:
+        embed = self._should_embed(items, now)
+        if not items and not embed:
             self._flush_events()
             return False  # nothing to compute: the thread naps until woken
-        self._decode(items)
+        spent = 0.0
+        if items:  # running streams always get their token: embeddings never take its place
+            t0 = self.b.now()
+            self._decode(items)
+            spent = self.b.now() - t0
+        if embed:
+            self._run_embeddings(self.b.now(), streaming=bool(items), spent=spent)
         self._flush_events()
         return True
 
@@ -589,10 +593,16 @@ class EngineCore:
         others = [r.rank for r in self.waiting] + [it.req.rank for it in items if it.n > 1]
         return not others or rank <= min(others) or self.policy.cfg.mode != "hearth"
 
-    def _run_embeddings(self, now: float) -> None:
+    def _run_embeddings(self, now: float, streaming: bool = False, spent: float = 0.0) -> None:
+        """One chunk of the head embedding request's inputs. Beside running streams the chunk
+        fits what the iteration's latency target leaves after their decode (by the embedding
+        context's own cost model; at least one input), so their cadence holds."""
         tok_limit, n_limit = self.b.embed_limits()
-        budget = max(tok_limit if self.policy.cfg.mode == "serial" else
-                     min(tok_limit, self.prefill_budget(0)), 1)
+        if self.policy.cfg.mode == "serial" or not streaming:
+            budget = tok_limit
+        else:
+            room = self.cfg.latency_target_s - spent
+            budget = max(1, min(tok_limit, self.embed_cost.tokens_within(room)))
         head = self.policy.order(self.embed_waiting, now)[0]
         if head.first_admitted_at is None:
             head.first_admitted_at = now
@@ -614,7 +624,7 @@ class EngineCore:
             self._fail(head, f"embedding failed: {e}", self.b.now())
             return
         t1 = self.b.now()
-        self.cost.observe(used, t1 - t0)
+        self.embed_cost.observe(used, t1 - t0)  # its own context: not the generation's cost
         done.extend(vectors)
         self.policy.charge(head.user, prompt_tokens=used)
         self.stats.record_tokens(t1, 0, used)
