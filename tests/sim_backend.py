@@ -162,7 +162,7 @@ def make_core(mode: str = "hearth", n_parallel: int = 8, latency_target: float =
     b = backend or SimBackend(n_seq_max=n_parallel + 8)
     aging = cfg.pop("aging_seconds", None)
     caps = cfg.pop("caps", None)
-    pc = PolicyConfig(mode=mode, n_parallel=n_parallel)
+    pc = PolicyConfig(mode=mode, n_parallel=n_parallel, fair_slots=cfg.pop("fair_slots", True))
     if aging is not None:
         pc.aging_seconds = aging
     if caps is not None:

@@ -306,7 +306,8 @@ class EngineCore:
             if not self.policy.may_admit(r, self.running, self.waiting, now):
                 if len(self.running) < self.policy.max_running:
                     continue  # held back by its class cap; others may still go
-                victim = self.policy.priority_victim(r, self.running, now)
+                victim = (self.policy.priority_victim(r, self.running, now)
+                          or self.policy.fairness_victim(r, self.running, self.waiting, now))
                 if victim is None:
                     if self.policy.cfg.mode == "hearth":
                         continue  # a lower class behind it may not preempt either

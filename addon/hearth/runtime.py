@@ -89,6 +89,7 @@ class Runtime:
         core = EngineCore(
             backend,
             PolicyConfig(mode=s.policy, n_parallel=s.n_parallel, aging_seconds=s.aging_seconds(),
+                         fair_slots=s.fair_slots,
                          caps=s.caps()),
             EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
                          relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,

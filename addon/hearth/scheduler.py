@@ -62,6 +62,7 @@ class PolicyConfig:
     aging_seconds: dict[str, float] = field(default_factory=lambda: {
         "agent": 30.0, "background": 20.0, "embedding": 30.0})
     caps: dict[str, float] = field(default_factory=lambda: {"background": 0.5, "embedding": 0.25})
+    fair_slots: bool = True  # a member over its share of slots yields one to a member behind
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -168,6 +169,28 @@ class Policy:
         if not cands:
             return None
         return max(cands, key=lambda x: (self.effective_rank(x, now),
+                                         x.admitted_at or x.arrival, x.id))
+
+    def fairness_victim(self, r: Schedulable, running: Sequence[Schedulable],
+                        waiting: Sequence[Schedulable], now: float) -> Schedulable | None:
+        """With every slot taken, the running request that makes room for ``r`` by fairness: the
+        newest one, of ``r``'s class or lower, of a member who holds more than a fair share of
+        the slots (slots / members with work) and has been served more than ``r``'s member.
+        The VTC orders the queue; this keeps one member from holding every slot meanwhile."""
+        if self.cfg.mode != "hearth" or not self.cfg.fair_slots:
+            return None
+        members = {x.user for x in running} | {w.user for w in waiting}
+        share = max(1, self.max_running // max(1, len(members)))
+        held: dict[str, int] = {}
+        for x in running:
+            held[x.user] = held.get(x.user, 0) + 1
+        mine, served = self.effective_rank(r, now), self.vtc.get(r.user, 0.0)
+        cands = [x for x in running
+                 if x.user != r.user and x.rank != VOICE_RANK and held[x.user] > share
+                 and self.effective_rank(x, now) >= mine and self.vtc.get(x.user, 0.0) > served]
+        if held.get(r.user, 0) >= share or not cands:
+            return None
+        return max(cands, key=lambda x: (held[x.user], self.effective_rank(x, now),
                                          x.admitted_at or x.arrival, x.id))
 
     def memory_victim(self, running: Sequence[Schedulable]) -> Schedulable | None:

@@ -74,6 +74,9 @@ class Settings(BaseModel):
                                  "while higher classes wait", ge=0, le=1)
     cap_embedding: float = _opt(0.25, "most share of running sequences embedding work may hold "
                                 "while higher classes wait", ge=0, le=1)
+    fair_slots: bool = _opt(
+        True, "while another household member waits, one member holds at most its fair share "
+        "of the running sequences: its newest sequence of the same class makes room")
     max_queue: int = _opt(64, "most waiting requests per class before 429", ge=1)
     max_tokens_default: int = _opt(512, "max_tokens when a request names none", ge=1)
 
