@@ -313,15 +313,14 @@ class EngineCore:
                         continue  # a lower class behind it may not preempt either
                     break
                 self._preempt(victim, now)
-            entry, hit = (self.pool.lookup(r.tokens) if self.cfg.prefix_cache else (None, 0))
+            entry, hit = (self.pool.find(r.tokens) if self.cfg.prefix_cache else (None, 0))
             need = len(r.tokens) - hit + 1
             while self.pool.free_cells < need:
-                if any(e is not entry for e in self.pool.entries.values()):
-                    self._evict_entry(avoid=entry)
+                if self._evict_entry(avoid=entry):
                     continue
                 victim = self.policy.priority_victim(r, self.running, now)
-                if victim is None and entry is not None and entry.seq_id in self.pool.entries:
-                    self._evict_entry(avoid=None)  # the hit itself must go
+                if (victim is None and entry is not None and entry.seq_id in self.pool.entries
+                        and self._evict_entry(avoid=None)):  # the hit itself must go
                     entry, hit = None, 0
                     need = len(r.tokens) + 1
                     continue
@@ -344,18 +343,24 @@ class EngineCore:
                 entry.sharers.add(r)
                 r.n_past = hit
             else:
+                entry, hit = None, 0
                 r.n_past = 0
+            if self.cfg.prefix_cache:
+                self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None)
             if r.first_admitted_at is None:
                 r.first_admitted_at = now
                 r.cached_tokens = min(r.n_past, r.n_prompt)
             r.admitted_at = now
             self.running.append(r)
 
-    def _evict_entry(self, avoid: Any) -> None:
+    def _evict_entry(self, avoid: Any) -> bool:
+        """Give up one evictable cached prefix (not ``avoid``); whether one went."""
         seq = self.pool.evict(avoid=avoid)
-        if seq is not None:
-            self.b.seq_rm(seq)
-            self.pool.give_id(seq)
+        if seq is None:
+            return False
+        self.b.seq_rm(seq)
+        self.pool.give_id(seq)
+        return True
 
     def _release_seq(self, r: Request) -> None:
         """Free a running sequence's id and cells."""
@@ -517,9 +522,12 @@ class EngineCore:
     def _out_of_kv(self, items: list[_Item], now: float) -> None:
         """llama_decode found no KV slot: give up cached prefixes, then the lowest-class,
         newest running sequence. Nothing of this batch was kept by llama.cpp."""
-        if self.pool.entries:
-            while self.pool.entries:
-                self._evict_entry(avoid=None)
+        # Only as many cached prefixes as the batch needs room for (at least one), in the
+        # pool's order: one-off prompts before those that serve hits.
+        needed = sum(it.n for it in items)
+        if self._evict_entry(avoid=None):
+            while self.pool.free_cells < needed and self._evict_entry(avoid=None):
+                pass
             return
         victim = self.policy.memory_victim(self.running)
         if victim is not None and len(self.running) > 1:

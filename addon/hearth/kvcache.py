@@ -6,8 +6,10 @@ sequences hold ids; finished sequences may keep theirs as *cached prefixes* (LRU
 request can share with ``llama_memory_seq_cp`` (cells are shared, not duplicated). Cached
 prefixes are the first thing given up under pressure.
 
-Cell accounting is conservative: a sequence that shares a prefix counts only the cells it added;
-when the entry it shares is evicted, its shared cells become its own (they stay allocated).
+Cell accounting is exact: a sequence that shares a prefix counts only the cells it added. An
+entry is given up only while no running sequence shares it and at most one other entry does:
+that one then owns the cells it shared (the part its parent still holds stays shared with the
+parent), so no cell is ever counted twice.
 """
 
 from __future__ import annotations
@@ -89,11 +91,10 @@ class KVPool:
         self.free_ids.append(seq_id)
 
     # -- the prefix cache ------------------------------------------------------------------
-    def lookup(self, tokens: list[int]) -> tuple[PrefixEntry | None, int]:
-        """The entry sharing the longest prefix with ``tokens``. At least one token is left to
+    def find(self, tokens: list[int]) -> tuple[PrefixEntry | None, int]:
+        """The entry sharing the longest prefix with ``tokens``, without touching anything (a
+        request waiting for room asks again every iteration). At least one token is left to
         compute, since the last prompt token's logits are needed."""
-        self.lookups += 1
-        self.lookup_tokens += len(tokens)
         best, best_n = None, 0
         for e in self.entries.values():
             n = common_prefix(e.tokens, tokens)
@@ -102,11 +103,26 @@ class KVPool:
         best_n = min(best_n, len(tokens) - 1)
         if best is None or best_n <= 0:
             return None, 0
-        self.entries.move_to_end(best.seq_id)
-        best.hits += 1
-        self.hits += 1
-        self.hit_tokens += best_n
         return best, best_n
+
+    def use(self, entry: PrefixEntry | None, hit: int, n_tokens: int, count: bool = True) -> None:
+        """A request was admitted with this hit: the entry is fresh again and has served; the
+        hit rate counts the request once (``count``: its first admission, not a resumption)."""
+        if entry is not None and hit > 0:
+            self.entries.move_to_end(entry.seq_id)
+            entry.hits += 1
+        if count:
+            self.lookups += 1
+            self.lookup_tokens += n_tokens
+            if entry is not None and hit > 0:
+                self.hits += 1
+                self.hit_tokens += hit
+
+    def lookup(self, tokens: list[int]) -> tuple[PrefixEntry | None, int]:
+        """:meth:`find`, then :meth:`use` of what it found."""
+        entry, hit = self.find(tokens)
+        self.use(entry, hit, len(tokens))
+        return entry, hit
 
     def insert(self, seq_id: int, tokens: list[int], own: int,
                shared: PrefixEntry | None) -> list[int]:
@@ -120,14 +136,32 @@ class KVPool:
             shared.sharers.add(entry)
         for e in list(self.entries.values()):
             # An older entry that is a prefix of this one serves no lookup this one cannot; its
-            # record of being useful passes on.
-            if len(e.tokens) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e.tokens):
+            # record of being useful passes on (unless running sequences still share it).
+            if (len(e.tokens) <= len(tokens) and self.evictable(e)
+                    and common_prefix(e.tokens, tokens) == len(e.tokens)):
                 entry.hits = max(entry.hits, e.hits)
                 drop.append(self._remove(e))
         self.entries[seq_id] = entry
         while len(self.entries) > self.max_entries:
-            drop.append(self.evict(avoid=entry))  # type: ignore[arg-type]
+            seq = self.evict(avoid=entry)
+            if seq is None:  # all in use: the newest goes instead of overfilling
+                seq = self._remove(entry) if self.evictable(entry) else None
+                if seq is not None:
+                    drop.append(seq)
+                break
+            drop.append(seq)
         return drop
+
+    @staticmethod
+    def evictable(e: PrefixEntry) -> bool:
+        """Whether giving ``e`` up keeps the accounting exact: no running sequence shares its
+        cells (they would free nothing anyway) and at most one entry does."""
+        entries = 0
+        for s in e.sharers:
+            if not isinstance(s, PrefixEntry):
+                return False
+            entries += 1
+        return entries <= 1
 
     def evict(self, avoid: PrefixEntry | None = None) -> int | None:
         """Give up one entry; returns its seq id (the caller clears it), or None.
@@ -135,7 +169,7 @@ class KVPool:
         Entries that never served a hit go first, least recently used first: a summarised
         document is rarely asked again, while a satellite's system prompt is hit on every
         turn and must survive the churn of one-off prompts. Then plain LRU."""
-        cands = [e for e in self.entries.values() if e is not avoid]
+        cands = [e for e in self.entries.values() if e is not avoid and self.evictable(e)]
         if not cands:
             return None
         victim = next((e for e in cands if e.hits == 0), cands[0])
@@ -143,19 +177,22 @@ class KVPool:
         return self._remove(victim)
 
     def _remove(self, e: PrefixEntry) -> int:
+        """Forget an evictable entry. Its one sharing entry, if any, owns the cells it shared
+        with ``e`` from now on, except those ``e`` itself shared with its own parent: those
+        it shares with that parent instead."""
         del self.entries[e.seq_id]
-        # Cells shared with e stay allocated for its sharers, which own them from now on.
-        for s in list(e.sharers):
-            if isinstance(s, PrefixEntry):
-                s.own = len(s.tokens)
-                s.shared = None
-            else:
-                self.running_cells += s.shared_len
-                s.shared = None
-                s.shared_len = 0
+        parent = e.shared
+        if parent is not None:
+            parent.sharers.discard(e)
+        with_parent = len(e.tokens) - e.own if parent is not None else 0
+        for s in list(e.sharers):  # evictable: entries only, at most one
+            shared = len(s.tokens) - s.own
+            keep = min(shared, with_parent)
+            s.own += shared - keep
+            s.shared = parent if keep > 0 else None
+            if s.shared is not None:
+                s.shared.sharers.add(s)
         e.sharers.clear()
-        if e.shared is not None:
-            e.shared.sharers.discard(e)
         return e.seq_id
 
     def stats(self) -> dict[str, float]:

@@ -44,7 +44,9 @@ def test_insert_supersedes_prefixes_and_evicts_lru():
     assert pool.cached_cells == 5
 
 
-def test_evicting_a_shared_entry_moves_its_cells_to_the_sharers():
+def test_an_entry_running_sequences_share_is_kept():
+    """Evicting it would free none of the cells they hold, and would count them twice (once
+    per sharer): it stays until they are done."""
     pool = KVPool(n_ctx=1000, n_seq_max=4, max_entries=4)
     pool.insert(0, list(range(100)), own=100, shared=None)
     entry = pool.entries[0]
@@ -56,10 +58,40 @@ def test_evicting_a_shared_entry_moves_its_cells_to_the_sharers():
     s = Seq()
     entry.sharers.add(s)
     pool.add_cells(20)
-    assert pool.used_cells == 120
-    pool.evict()
-    assert pool.used_cells == 120  # the cells live on in the sharer
-    assert s.shared is None and s.shared_len == 0
+    assert pool.evict() is None
+    assert pool.used_cells == 120 and 0 in pool.entries
+    entry.sharers.discard(s)
+    assert pool.evict() == 0 and pool.used_cells == 20
+
+
+def test_evicting_the_middle_of_a_chain_counts_each_cell_once():
+    """A <- B <- C share cells in a chain (B shares 80 of A's, C 110 of B's). B goes: C owns
+    the 30 cells it shared with B alone and keeps sharing 80 with A, and the count is the real
+    number of cells left (B's other 20 are freed)."""
+    pool = KVPool(n_ctx=10_000, n_seq_max=8, max_entries=8)
+    a = list(range(100))
+    b = a[:80] + list(range(500, 550))
+    c = b[:110] + list(range(900, 930))
+    pool.insert(0, a, own=100, shared=None)
+    pool.insert(1, b, own=50, shared=pool.entries[0])
+    pool.insert(2, c, own=30, shared=pool.entries[1])
+    assert pool.used_cells == 100 + 50 + 30
+    entry_a, entry_c = pool.entries[0], pool.entries[2]
+    assert pool.evict(avoid=entry_a) == 1
+    assert pool.used_cells == 100 + 30 + 30
+    assert entry_c.shared is entry_a and entry_c.own == 60 and entry_c in entry_a.sharers
+
+
+def test_an_entry_two_entries_share_is_not_given_up_before_them():
+    pool = KVPool(n_ctx=10_000, n_seq_max=8, max_entries=8)
+    a = list(range(100))
+    pool.insert(0, a, own=100, shared=None)
+    pool.insert(1, [*a[:90], 1000, 1001], own=2, shared=pool.entries[0])
+    pool.insert(2, [*a[:90], 2000, 2001], own=2, shared=pool.entries[0])
+    assert not pool.evictable(pool.entries[0])
+    assert pool.evict() == 1  # a sharer goes first
+    assert pool.evictable(pool.entries[0])
+    assert pool.used_cells == 100 + 2
 
 
 def test_disabled_cache_hands_sequences_back():
