@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 # 4 streaming chats: stretch 4 → 280 ms gaps, voice TTFT +35 %; 8 → 631 ms, +15 %; unbounded
 # → 2,049 ms, +2 % (bench/engine_bench.py --only voice_beside_streams).
 VOICE_PREFILL_STRETCH = 8
+# How often admission runs with nothing changed, so that aging (which moves classes with time)
+# is still seen: well below the aging periods (20 s and up).
+ADMIT_RECHECK_S = 0.25
 
 
 class Backend(Protocol):
@@ -140,6 +143,10 @@ class EngineCore:
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
+        # Admission runs when something it depends on changed (an arrival, a finish, a
+        # preemption, freed cells) or aging may have moved a class: not every iteration.
+        self._admit_dirty = True
+        self._admit_next = 0.0
         self._publish()
 
     # -- any thread ------------------------------------------------------------------------
@@ -274,6 +281,8 @@ class EngineCore:
         with self.lock:
             items = list(self._inbox)
             self._inbox.clear()
+        if items:
+            self._admit_dirty = True
         for kind, x in items:
             if kind == "add":
                 r: Request = x
@@ -294,8 +303,10 @@ class EngineCore:
 
     # -- admission and preemption -----------------------------------------------------------
     def _admit(self, now: float) -> None:
-        if not self.waiting:
+        if not self.waiting or (not self._admit_dirty and now < self._admit_next):
             return
+        self._admit_dirty = False
+        self._admit_next = now + ADMIT_RECHECK_S
         for r in self.policy.order(list(self.waiting), now, self.running):
             if r.sampler is None:
                 try:
@@ -376,6 +387,7 @@ class EngineCore:
     def _preempt(self, victim: Request, now: float) -> None:
         """Free the victim's KV; it waits again with every token it has (prompt + generated) and
         recomputes them on resume, so its stream continues where it stopped."""
+        self._admit_dirty = True
         self._release_seq(victim)
         self.running.remove(victim)
         victim.preemptions += 1
@@ -524,6 +536,7 @@ class EngineCore:
         newest running sequence. Nothing of this batch was kept by llama.cpp."""
         # Only as many cached prefixes as the batch needs room for (at least one), in the
         # pool's order: one-off prompts before those that serve hits.
+        self._admit_dirty = True
         needed = sum(it.n for it in items)
         if self._evict_entry(avoid=None):
             while self.pool.free_cells < needed and self._evict_entry(avoid=None):
@@ -564,6 +577,7 @@ class EngineCore:
         self._emit(r, Event("error", message=message, status=status))
 
     def _retire(self, r: Request) -> None:
+        self._admit_dirty = True  # a slot, cells or a class's share may have come free
         if r in self.waiting:
             self.waiting.remove(r)
         if r in self.embed_waiting:

@@ -175,7 +175,8 @@ class Policy:
                         waiting: Sequence[Schedulable], now: float) -> Schedulable | None:
         """With every slot taken, the running request that makes room for ``r`` by fairness: the
         newest one, of ``r``'s class or lower, of a member who holds more than a fair share of
-        the slots (slots / members with work) and has been served more than ``r``'s member.
+        the slots (slots / members with work) and has been served at least as much as ``r``'s
+        member (one who just arrived is lifted to the lowest active counter).
         The VTC orders the queue; this keeps one member from holding every slot meanwhile."""
         if self.cfg.mode != "hearth" or not self.cfg.fair_slots:
             return None
@@ -187,7 +188,7 @@ class Policy:
         mine, served = self.effective_rank(r, now), self.vtc.get(r.user, 0.0)
         cands = [x for x in running
                  if x.user != r.user and x.rank != VOICE_RANK and held[x.user] > share
-                 and self.effective_rank(x, now) >= mine and self.vtc.get(x.user, 0.0) > served]
+                 and self.effective_rank(x, now) >= mine and self.vtc.get(x.user, 0.0) >= served]
         if held.get(r.user, 0) >= share or not cands:
             return None
         return max(cands, key=lambda x: (held[x.user], self.effective_rank(x, now),

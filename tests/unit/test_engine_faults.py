@@ -198,3 +198,32 @@ def test_models_the_engine_cannot_share_are_refused_by_name():
     assert unservable(model()) is None
     assert "a recurrent model" in unservable(model(is_recurrent=True))
     assert "a hybrid" in unservable(model(is_hybrid=True))
+
+
+def test_admission_runs_when_something_changed_not_every_iteration():
+    """60 requests wait while every slot streams: admission looks at them when something it
+    depends on changes (here nothing does) or aging may have moved a class (every 0.25 s),
+    not on each of the 100 iterations; the waiting requests are still admitted once slots
+    free up."""
+    core, b = make_core("hearth", n_parallel=4)
+    for i in range(4):
+        core.submit(request(b, "chat", 20, 400, seed=i)[0])
+    run_until(core, lambda: len(core.running) == 4 and all(r.n_generated for r in core.running))
+    waiting = [request(b, "background", 20, 2, seed=100 + i) for i in range(60)]
+    for r, _ in waiting:
+        core.submit(r)
+    looked = 0
+    may_admit = core.policy.may_admit
+
+    def counting(*args, **kwargs):
+        nonlocal looked
+        looked += 1
+        return may_admit(*args, **kwargs)
+
+    core.policy.may_admit = counting
+    start = b.now()
+    for _ in range(100):
+        core.step()
+    checks = 1 + (b.now() - start) / 0.25  # the arrival, then the aging rechecks
+    assert looked <= (checks + 1) * 60 < 100 * 60, (looked, checks)
+    run_until(core, lambda: all(sink.done is not None for _, sink in waiting))
