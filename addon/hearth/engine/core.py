@@ -1,127 +1,27 @@
-"""The engine: continuous (iteration-level) batching with chunked prefill, a prefix cache and
-preemption, driven by :mod:`hearth.scheduler`.
-
-:class:`EngineCore` is the iteration logic over an abstract :class:`Backend` (llama.cpp in
-production, a simulated cost model in the scheduler tests). :class:`Engine` runs it in the one
-thread that owns the llama.cpp context; other threads only ``submit`` and ``cancel``.
-
-One iteration (design §3): admit waiting requests into free sequence ids if the KV pool holds
-their prompt; build one batch — a decode token for every running sequence, highest class first,
-then prefill chunks in scheduler order under a token budget sized from measured per-token cost;
-decode once; sample, detokenize, check stops; emit events; retire finished sequences.
-"""
+"""One iteration of the engine over its backend: submission, batch composition, decoding,
+sampling and retiring. Admission and KV live in :mod:`.admission`, embeddings in
+:mod:`.embeddings`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from .kvcache import KVPool
-from .requests import Event, Request, SamplingParams, StopMatcher
-from .scheduler import INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
-from .stats import Stats
+from ..kvcache import KVPool
+from ..requests import Event, Request, StopMatcher
+from ..scheduler import CLASS_RANKS, INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
+from ..stats import Stats
+from .admission import Admission
+from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig, RequestError
+from .cost import CostModel
+from .embeddings import Embeddings
 
-log = logging.getLogger(__name__)
-
-# While other streams decode, a voice prompt's prefill iterations may run this many latency
-# targets: a voice command after a cached system prompt still goes in one iteration, and an
-# uncached prompt (seconds of prefill on a CPU) holds other streams up for ~0.5 s at a time
-# rather than for its whole prefill. Measured on 2 CPU cores with a 1,221-token prompt beside
-# 4 streaming chats: stretch 4 → 280 ms gaps, voice TTFT +35 %; 8 → 631 ms, +15 %; unbounded
-# → 2,049 ms, +2 % (bench/engine_bench.py --only voice_beside_streams).
-VOICE_PREFILL_STRETCH = 8
-# How often admission runs with nothing changed, so that aging (which moves classes with time)
-# is still seen: well below the aging periods (20 s and up).
-ADMIT_RECHECK_S = 0.25
+log = logging.getLogger("hearth.engine")
 
 
-class Backend(Protocol):
-    n_ctx: int  # KV cells in the pool
-    n_ctx_seq: int  # most tokens one sequence may hold
-    n_seq_max: int
-    n_batch: int
-    n_ubatch: int
-
-    def now(self) -> float: ...
-    def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
-               outputs: list[bool]) -> int: ...
-    def new_sampler(self, p: SamplingParams) -> Any: ...
-    def sample(self, sampler: Any, i: int) -> int: ...
-    def free_sampler(self, sampler: Any) -> None: ...
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
-    def seq_pos_max(self, seq: int) -> int: ...
-    def is_eog(self, token: int) -> bool: ...
-    def piece(self, token: int) -> bytes: ...
-    def make_decoder(self) -> Any: ...
-    def request_abort(self) -> None: ...
-    def clear_abort(self) -> None: ...
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
-    def embed_limits(self) -> tuple[int, int]: ...  # (tokens per batch, inputs per batch)
-
-
-class RequestError(Exception):
-    """A request the engine refuses at submission (HTTP layer maps ``status``)."""
-
-    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error",
-                 retry_after: float | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.retry_after = retry_after
-
-
-@dataclass
-class EngineConfig:
-    latency_target_s: float = 0.06
-    relax_prefill_bound: bool = False
-    prefix_cache: bool = True
-    prefix_cache_entries: int = 8
-    max_queue: int = 64
-    min_prefill_chunk: int = 16
-
-
-class CostModel:
-    """Iteration time ≈ base + per_token × tokens, learnt from every decode (exponentially
-    weighted), so the prefill budget tracks what this machine really costs."""
-
-    def __init__(self, base: float = 0.002, per_token: float = 0.0005, alpha: float = 0.2):
-        self.base = base
-        self.per_token = per_token
-        self.alpha = alpha
-        self.samples = 0
-
-    def observe(self, n_tokens: int, elapsed: float) -> None:
-        a = self.alpha
-        self.samples += 1
-        if n_tokens <= 2:
-            self.base = (1 - a) * self.base + a * max(0.0, elapsed - self.per_token * n_tokens)
-        else:
-            est = max(1e-7, (elapsed - self.base) / n_tokens)
-            self.per_token = (1 - a) * self.per_token + a * est
-
-    def predict(self, n_tokens: int) -> float:
-        return self.base + self.per_token * n_tokens
-
-    def tokens_within(self, seconds: float) -> int:
-        return int(max(0.0, seconds - self.base) / self.per_token)
-
-
-@dataclass
-class _Item:
-    req: Request
-    start: int  # first position fed
-    n: int
-    output: bool
-
-
-class EngineCore:
+class EngineCore(Admission, Embeddings):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -301,101 +201,6 @@ class EngineCore:
                     r.cancelled = True
                     self._finish(r, "cancelled", now)
 
-    # -- admission and preemption -----------------------------------------------------------
-    def _admit(self, now: float) -> None:
-        if not self.waiting or (not self._admit_dirty and now < self._admit_next):
-            return
-        self._admit_dirty = False
-        self._admit_next = now + ADMIT_RECHECK_S
-        for r in self.policy.order(list(self.waiting), now, self.running):
-            if r.sampler is None:
-                try:
-                    r.sampler = self.b.new_sampler(r.sampling)
-                except Exception as e:  # e.g. a grammar llama.cpp refuses: this request's fault
-                    self._fail(r, f"cannot sample this request: {e}", now, status=400)
-                    continue
-            if not self.policy.may_admit(r, self.running, self.waiting, now):
-                if len(self.running) < self.policy.max_running:
-                    continue  # held back by its class cap; others may still go
-                victim = (self.policy.priority_victim(r, self.running, now)
-                          or self.policy.fairness_victim(r, self.running, self.waiting, now))
-                if victim is None:
-                    if self.policy.cfg.mode == "hearth":
-                        continue  # a lower class behind it may not preempt either
-                    break
-                self._preempt(victim, now)
-            entry, hit = (self.pool.find(r.tokens) if self.cfg.prefix_cache else (None, 0))
-            need = len(r.tokens) - hit + 1
-            while self.pool.free_cells < need:
-                if self._evict_entry(avoid=entry):
-                    continue
-                victim = self.policy.priority_victim(r, self.running, now)
-                if (victim is None and entry is not None and entry.seq_id in self.pool.entries
-                        and self._evict_entry(avoid=None)):  # the hit itself must go
-                    entry, hit = None, 0
-                    need = len(r.tokens) + 1
-                    continue
-                if victim is None:
-                    break
-                self._preempt(victim, now)
-            if self.pool.free_cells < need:
-                if not self.running:  # nothing will ever free room: refuse it
-                    self._fail(r, "the KV cache cannot hold this prompt", now, status=400)
-                    continue
-                break  # wait for room rather than let smaller requests overtake forever
-            seq = self.pool.take_id()
-            if seq is None:
-                break
-            self.waiting.remove(r)
-            r.seq_id = seq
-            if entry is not None and hit > 0 and entry.seq_id in self.pool.entries:
-                self.b.seq_cp(entry.seq_id, seq, 0, hit)
-                r.shared, r.shared_len = entry, hit
-                entry.sharers.add(r)
-                r.n_past = hit
-            else:
-                entry, hit = None, 0
-                r.n_past = 0
-            if self.cfg.prefix_cache:
-                self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None)
-            if r.first_admitted_at is None:
-                r.first_admitted_at = now
-                r.cached_tokens = min(r.n_past, r.n_prompt)
-            r.admitted_at = now
-            self.running.append(r)
-
-    def _evict_entry(self, avoid: Any) -> bool:
-        """Give up one evictable cached prefix (not ``avoid``); whether one went."""
-        seq = self.pool.evict(avoid=avoid)
-        if seq is None:
-            return False
-        self.b.seq_rm(seq)
-        self.pool.give_id(seq)
-        return True
-
-    def _release_seq(self, r: Request) -> None:
-        """Free a running sequence's id and cells."""
-        if r.seq_id is None:
-            return
-        self.b.seq_rm(r.seq_id)
-        self.pool.release_cells(r.n_past - r.shared_len)
-        if r.shared is not None:
-            r.shared.sharers.discard(r)
-        self.pool.give_id(r.seq_id)
-        r.seq_id, r.shared, r.shared_len, r.n_past = None, None, 0, 0
-
-    def _preempt(self, victim: Request, now: float) -> None:
-        """Free the victim's KV; it waits again with every token it has (prompt + generated) and
-        recomputes them on resume, so its stream continues where it stopped."""
-        self._admit_dirty = True
-        self._release_seq(victim)
-        self.running.remove(victim)
-        victim.preemptions += 1
-        victim.admitted_at = None
-        self.waiting.append(victim)
-        self.stats.record_preemption(victim.cls)
-        log.debug("preempted request %s (%s)", victim.id, victim.cls)
-
     # -- batching ---------------------------------------------------------------------------
     def prefill_budget(self, n_decode: int, stretch: float = 1.0) -> int:
         """Prefill tokens that fit beside ``n_decode`` decode tokens in one iteration of
@@ -409,11 +214,11 @@ class EngineCore:
         # batch's room (which would fail the decode).
         return min(cap, max(self.cfg.min_prefill_chunk, self.cost.tokens_within(room)))
 
-    def _build_batch(self, now: float) -> list[_Item]:
-        items: list[_Item] = []
+    def _build_batch(self, now: float) -> list[BatchItem]:
+        items: list[BatchItem] = []
         decoding = [r for r in self.running if r.remaining == 1]
         for r in self.policy.decode_order(decoding):
-            items.append(_Item(r, r.n_past, 1, True))
+            items.append(BatchItem(r, r.n_past, 1, True))
         budget = self.prefill_budget(len(items))
         prefilling = self.policy.order([r for r in self.running if r.remaining > 1], now)
         if prefilling and self.policy.cfg.mode == "hearth":
@@ -432,11 +237,11 @@ class EngineCore:
             if budget <= 0:
                 break
             n = min(r.remaining, budget)
-            items.append(_Item(r, r.n_past, n, n == r.remaining))
+            items.append(BatchItem(r, r.n_past, n, n == r.remaining))
             budget -= n
         return items
 
-    def _decode(self, items: list[_Item]) -> None:
+    def _decode(self, items: list[BatchItem]) -> None:
         tokens: list[int] = []
         pos: list[int] = []
         seqs: list[int] = []
@@ -477,7 +282,7 @@ class EngineCore:
             for it in items:
                 self._fail(it.req, f"llama_decode failed with status {status}", t1)
 
-    def _after_decode(self, items: list[_Item], out_index: dict[int, int], now: float) -> None:
+    def _after_decode(self, items: list[BatchItem], out_index: dict[int, int], now: float) -> None:
         prompt_done = generated = 0
         for it in items:
             r = it.req
@@ -515,7 +320,7 @@ class EngineCore:
         elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
             self._finish(r, "length", now)
 
-    def _after_abort(self, items: list[_Item]) -> None:
+    def _after_abort(self, items: list[BatchItem]) -> None:
         """Keep the micro-batches llama.cpp finished; redo what needed logits."""
         for it in items:
             r = it.req
@@ -530,24 +335,6 @@ class EngineCore:
                 r.prefilled_tokens += gained
                 self.pool.add_cells(gained)
                 self.policy.charge(r.user, prompt_tokens=gained)
-
-    def _out_of_kv(self, items: list[_Item], now: float) -> None:
-        """llama_decode found no KV slot: give up cached prefixes, then the lowest-class,
-        newest running sequence. Nothing of this batch was kept by llama.cpp."""
-        # Only as many cached prefixes as the batch needs room for (at least one), in the
-        # pool's order: one-off prompts before those that serve hits.
-        self._admit_dirty = True
-        needed = sum(it.n for it in items)
-        if self._evict_entry(avoid=None):
-            while self.pool.free_cells < needed and self._evict_entry(avoid=None):
-                pass
-            return
-        victim = self.policy.memory_victim(self.running)
-        if victim is not None and len(self.running) > 1:
-            self._preempt(victim, now)
-            return
-        newest = max(self.running, key=lambda r: r.arrival)
-        self._fail(newest, "the KV cache is exhausted", now, status=503)
 
     # -- retiring ---------------------------------------------------------------------------
     def _finish(self, r: Request, reason: str, now: float, flush: bool = True) -> None:
@@ -594,80 +381,10 @@ class EngineCore:
             r.sampler = None
         self.policy.user_left(r.user)
 
-    def _keep_as_prefix(self, r: Request) -> None:
-        own = r.n_past - r.shared_len
-        self.pool.release_cells(own)
-        shared = r.shared if r.shared is not None and r.shared.seq_id in self.pool.entries else None
-        if r.shared is not None:
-            r.shared.sharers.discard(r)
-        for seq in self.pool.insert(r.seq_id, r.tokens[: r.n_past], own, shared):  # type: ignore[arg-type]
-            self.b.seq_rm(seq)
-            self.pool.give_id(seq)
-        r.seq_id, r.shared, r.shared_len = None, None, 0
-
-    # -- embeddings -------------------------------------------------------------------------
-    def _should_embed(self, items: list[_Item], now: float) -> bool:
-        if not self.embed_waiting:
-            return False
-        if not items and not self.waiting:
-            return True
-        head = self.policy.order(self.embed_waiting, now)[0]
-        rank = self.policy.effective_rank(head, now)
-        others = [r.rank for r in self.waiting] + [it.req.rank for it in items if it.n > 1]
-        return not others or rank <= min(others) or self.policy.cfg.mode != "hearth"
-
-    def _run_embeddings(self, now: float, streaming: bool = False, spent: float = 0.0) -> None:
-        """One chunk of the head embedding request's inputs. Beside running streams the chunk
-        fits what the iteration's latency target leaves after their decode (by the embedding
-        context's own cost model; at least one input), so their cadence holds."""
-        tok_limit, n_limit = self.b.embed_limits()
-        if self.policy.cfg.mode == "serial" or not streaming:
-            budget = tok_limit
-        else:
-            room = self.cfg.latency_target_s - spent
-            budget = max(1, min(tok_limit, self.embed_cost.tokens_within(room)))
-        head = self.policy.order(self.embed_waiting, now)[0]
-        if head.first_admitted_at is None:
-            head.first_admitted_at = now
-            head.admitted_at = now
-        done = head.meta.setdefault("_embedded", [])
-        inputs: list[list[int]] = head.prompt  # type: ignore[assignment]
-        chunk: list[list[int]] = []
-        used = 0
-        while len(done) + len(chunk) < len(inputs) and len(chunk) < n_limit:
-            nxt = inputs[len(done) + len(chunk)]
-            if chunk and used + len(nxt) > budget:
-                break
-            chunk.append(nxt)
-            used += len(nxt)
-        t0 = self.b.now()
-        try:
-            vectors = self.b.embed(chunk)
-        except Exception as e:  # surfaced to the caller, the engine keeps serving
-            self._fail(head, f"embedding failed: {e}", self.b.now())
-            return
-        t1 = self.b.now()
-        self.embed_cost.observe(used, t1 - t0)  # its own context: not the generation's cost
-        done.extend(vectors)
-        self.policy.charge(head.user, prompt_tokens=used)
-        self.stats.record_tokens(t1, 0, used)
-        if len(done) == len(inputs):
-            head.first_token_at = t1
-            head.finished = True
-            head.finish_reason = "stop"
-            head.finished_at = t1
-            self.embed_waiting.remove(head)
-            self.policy.user_left(head.user)
-            self.stats.record_finished(head, t1)
-            self._emit(head, Event("done", finish_reason="stop", embedding=done,
-                                   usage=head.usage(), timing=head.timing()))
-
     # -- introspection ----------------------------------------------------------------------
     def queue_state(self) -> dict[str, Any]:
         """Counts for /v1/queue and /metrics, from any thread (take ``lock`` for a view
         consistent with the inbox)."""
-        from .scheduler import CLASS_RANKS
-
         waiting = dict.fromkeys(CLASS_RANKS, 0)
         running = dict.fromkeys(CLASS_RANKS, 0)
         # Copies: the engine thread mutates these lists without the lock.
@@ -697,74 +414,3 @@ class EngineCore:
         }
 
 
-class Engine:
-    """Runs an :class:`EngineCore` in its own thread."""
-
-    def __init__(self, core: EngineCore,
-                 on_death: Callable[[BaseException], None] | None = None):
-        self.core = core
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.on_death = on_death  # told after the requests have their errors
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        core = self.core
-        try:
-            while not self._stop.is_set():
-                if not core.has_work():
-                    core.wakeup.wait(0.5)
-                    core.wakeup.clear()
-                    continue
-                if not core.step():
-                    core.wakeup.wait(0.01)
-                    core.wakeup.clear()
-        except BaseException as e:
-            self.error = e
-            log.exception("engine thread died")
-            self.core.fail_all(f"engine stopped: {e}")
-            if self.on_death is not None:
-                self.on_death(e)
-
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Stop the thread; a decode under way is aborted first. Returns whether the thread
-        has ended (only then may the context be freed)."""
-        self._stop.set()
-        self.core.b.request_abort()
-        self.core.wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
-            return not self._thread.is_alive()
-        return True
-
-    def submit(self, r: Request) -> Request:
-        return self.core.submit(r)
-
-    def cancel(self, request_id: int) -> None:
-        self.core.cancel(request_id)
-
-
-class AsyncStream:
-    """Bridges engine events to asyncio: the engine thread never blocks on a consumer."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
-        self.loop = loop or asyncio.get_running_loop()
-        self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
-
-    def __call__(self, events: list[Event]) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, events)
-
-    async def events(self) -> AsyncIterator[Event]:
-        while True:
-            for ev in await self.queue.get():
-                yield ev
-                if ev.kind in ("done", "error"):
-                    return
-
-
-def monotonic() -> float:
-    return time.monotonic()

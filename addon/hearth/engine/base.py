@@ -1,0 +1,77 @@
+"""What the engine's parts share: the backend it drives, its settings, its errors, one batch
+item, and the constants that tune it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..requests import Request, SamplingParams
+
+# While other streams decode, a voice prompt's prefill iterations may run this many latency
+# targets: a voice command after a cached system prompt still goes in one iteration, and an
+# uncached prompt (seconds of prefill on a CPU) holds other streams up for ~0.5 s at a time
+# rather than for its whole prefill. Measured on 2 CPU cores with a 1,221-token prompt beside
+# 4 streaming chats: stretch 4 → 280 ms gaps, voice TTFT +35 %; 8 → 631 ms, +15 %; unbounded
+# → 2,049 ms, +2 % (bench/engine_bench.py --only voice_beside_streams).
+VOICE_PREFILL_STRETCH = 8
+# How often admission runs with nothing changed, so that aging (which moves classes with time)
+# is still seen: well below the aging periods (20 s and up).
+ADMIT_RECHECK_S = 0.25
+
+
+
+class Backend(Protocol):
+    n_ctx: int  # KV cells in the pool
+    n_ctx_seq: int  # most tokens one sequence may hold
+    n_seq_max: int
+    n_batch: int
+    n_ubatch: int
+
+    def now(self) -> float: ...
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
+               outputs: list[bool]) -> int: ...
+    def new_sampler(self, p: SamplingParams) -> Any: ...
+    def sample(self, sampler: Any, i: int) -> int: ...
+    def free_sampler(self, sampler: Any) -> None: ...
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+    def seq_pos_max(self, seq: int) -> int: ...
+    def is_eog(self, token: int) -> bool: ...
+    def piece(self, token: int) -> bytes: ...
+    def make_decoder(self) -> Any: ...
+    def request_abort(self) -> None: ...
+    def clear_abort(self) -> None: ...
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
+    def embed_limits(self) -> tuple[int, int]: ...  # (tokens per batch, inputs per batch)
+
+
+class RequestError(Exception):
+    """A request the engine refuses at submission (HTTP layer maps ``status``)."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error",
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+@dataclass
+class EngineConfig:
+    latency_target_s: float = 0.06
+    relax_prefill_bound: bool = False
+    prefix_cache: bool = True
+    prefix_cache_entries: int = 8
+    max_queue: int = 64
+    min_prefill_chunk: int = 16
+
+
+
+@dataclass
+class BatchItem:
+    req: Request
+    start: int  # first position fed
+    n: int
+    output: bool
+
