@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
@@ -82,6 +83,7 @@ class Model:
         self.is_hybrid = bool(L.llama_model_is_hybrid(self.ptr))
         self.n_swa = int(L.llama_model_n_swa(self.ptr))
         self._pieces: dict[int, bytes] = {}
+        self._candidates: Candidates | None = None
         desc = ctypes.create_string_buffer(256)
         L.llama_model_desc(self.ptr, desc, ctypes.sizeof(desc))
         self.description = desc.value.decode("utf-8", "replace")
@@ -89,6 +91,12 @@ class Model:
     @property
     def name(self) -> str:
         return _gguf_meta(self.ptr, "general.name") or self.path.stem
+
+    def candidates(self, logits: Any) -> Candidates:
+        """The model's reusable candidate array, filled from one logits row."""
+        if self._candidates is None:
+            self._candidates = Candidates(self.n_vocab)
+        return self._candidates.fill(logits)
 
     def chat_template(self) -> str | None:
         tmpl = L.llama_model_chat_template(self.ptr, None)
@@ -288,14 +296,16 @@ class Sampler:
     def __init__(self, model: Model, p: SamplingParams):
         cparams = L.llama_sampler_chain_default_params()
         cparams.no_perf = True
+        self.model = model
+        self.grammar = None  # kept out of the chain: checked on the sampled token first
         self.ptr = L.llama_sampler_chain_init(cparams)
         add = lambda s: L.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
         if p.grammar:
-            g = _grammar_sampler(model, p.grammar)
-            if not g:
+            self.grammar = _grammar_sampler(model, p.grammar)
+            if not self.grammar:
+                self.grammar = None
                 self.close()  # before __del__ sees the pointer: a second free would crash
                 raise LlamaError("invalid grammar")
-            add(g)
         if p.repeat_penalty != 1.0:
             add(L.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
                                                0.0, 0.0))
@@ -313,14 +323,36 @@ class Sampler:
             add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, ctx: Context, i: int) -> int:
-        """Sample from output row ``i`` of the last decode; the chain accepts the token."""
-        return L.llama_sampler_sample(self.ptr, ctx.ptr, i)
+        """Sample from output row ``i`` of the last decode; the chain accepts the token.
+
+        With a grammar, as llama.cpp's own common sampler does: sample without it, check only
+        the chosen token against the grammar, and apply the grammar to the whole vocabulary
+        only when that token is refused (a grammar over ~50k candidates costs ~4 ms a token
+        here, one candidate next to nothing)."""
+        if self.grammar is None:
+            return L.llama_sampler_sample(self.ptr, ctx.ptr, i)
+        candidates = self.model.candidates(L.llama_get_logits_ith(ctx.ptr, i))
+        L.llama_sampler_apply(self.ptr, ctypes.byref(candidates.array))
+        token = int(candidates.data[candidates.array.selected].id)
+        if not _grammar_allows(self.grammar, token):
+            candidates = self.model.candidates(L.llama_get_logits_ith(ctx.ptr, i))
+            L.llama_sampler_apply(self.grammar, ctypes.byref(candidates.array))
+            L.llama_sampler_apply(self.ptr, ctypes.byref(candidates.array))
+            token = int(candidates.data[candidates.array.selected].id)
+        L.llama_sampler_accept(self.grammar, token)
+        L.llama_sampler_accept(self.ptr, token)
+        return token
 
     def accept(self, token: int) -> None:
         """Feed a token the chain did not sample itself (resumed or forced history)."""
+        if self.grammar is not None:
+            L.llama_sampler_accept(self.grammar, token)
         L.llama_sampler_accept(self.ptr, token)
 
     def close(self) -> None:
+        if self.grammar:
+            L.llama_sampler_free(self.grammar)
+            self.grammar = None
         if self.ptr:
             L.llama_sampler_free(self.ptr)
             self.ptr = None
@@ -354,6 +386,36 @@ class Utf8Decoder:
     def flush(self) -> str:
         out, self._pending = self._pending.decode("utf-8", "replace"), b""
         return out
+
+
+class Candidates:
+    """A reusable llama_token_data_array over the whole vocabulary, filled from a logits row
+    with numpy (the sampling thread is the only user)."""
+
+    def __init__(self, n_vocab: int):
+        self.n_vocab = n_vocab
+        self.data = (L.llama_token_data * n_vocab)()
+        view = np.ctypeslib.as_array(self.data)
+        self._fields = view.view(np.dtype([("id", np.int32), ("logit", np.float32),
+                                           ("p", np.float32)]))
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self.array = L.llama_token_data_array(self.data, n_vocab, -1, False)
+
+    def fill(self, logits: Any) -> Candidates:
+        self._fields["id"] = self._ids  # samplers sort and cut the array in place
+        self._fields["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+        self._fields["p"] = 0.0
+        self.array.data = self.data
+        self.array.size, self.array.selected, self.array.sorted = self.n_vocab, -1, False
+        return self
+
+
+def _grammar_allows(grammar: Any, token: int) -> bool:
+    """Whether the grammar, in its current state, lets ``token`` come next."""
+    one = (L.llama_token_data * 1)(L.llama_token_data(token, 0.0, 0.0))
+    arr = L.llama_token_data_array(one, 1, -1, False)
+    L.llama_sampler_apply(grammar, ctypes.byref(arr))
+    return one[0].logit != float("-inf")
 
 
 def _grammar_sampler(model: Model, gbnf: str) -> ctypes.c_void_p | None:
