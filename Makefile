@@ -62,12 +62,10 @@ server-tests: setup
 # tests/ha/preload.py bridges the newest release and the plugin made for the one before it.
 HA_PYTEST := -m pytest -p tests.ha.preload tests/ha -q
 ha-tests: setup-all
-	@echo "== Home Assistant tests on $$($(PY) -m pip show homeassistant | sed -n 's/^Version: //p')"
-	$(PY) $(HA_PYTEST)
-	@echo "== Home Assistant tests on $$($(PY_OLDEST) -m pip show homeassistant | sed -n 's/^Version: //p')"
-	$(PY_OLDEST) $(HA_PYTEST)
-	@echo "== Home Assistant tests on $$($(PY_LATEST) -m pip show homeassistant | sed -n 's/^Version: //p')"
-	$(PY_LATEST) $(HA_PYTEST)
+	@for py in $(PY) $(PY_OLDEST) $(PY_LATEST); do \
+	  echo "== Home Assistant tests on $$($$py -m pip show homeassistant | sed -n 's/^Version: //p')"; \
+	  $$py $(HA_PYTEST) || exit 1; \
+	done
 
 test: setup-all
 	$(VENV)/bin/ruff check .
