@@ -118,12 +118,6 @@ class KVPool:
                 self.hits += 1
                 self.hit_tokens += hit
 
-    def lookup(self, tokens: list[int]) -> tuple[PrefixEntry | None, int]:
-        """:meth:`find`, then :meth:`use` of what it found."""
-        entry, hit = self.find(tokens)
-        self.use(entry, hit, len(tokens))
-        return entry, hit
-
     def insert(self, seq_id: int, tokens: list[int], own: int,
                shared: PrefixEntry | None) -> list[int]:
         """Keep a finished sequence's cells as a cached prefix. Returns seq ids the caller must
@@ -144,10 +138,8 @@ class KVPool:
         self.entries[seq_id] = entry
         while len(self.entries) > self.max_entries:
             seq = self.evict(avoid=entry)
-            if seq is None:  # all in use: the newest goes instead of overfilling
-                seq = self._remove(entry) if self.evictable(entry) else None
-                if seq is not None:
-                    drop.append(seq)
+            if seq is None:  # all in use: the newest (shared by nothing yet) goes instead
+                drop.append(self._remove(entry))
                 break
             drop.append(seq)
         return drop

@@ -120,12 +120,8 @@ def unencodable_at(data: Any) -> str | None:
                 return path
         elif isinstance(value, dict):
             for key, item in value.items():
-                child = f"{path}.{key}" if path else str(key)
-                try:
-                    key.encode("utf-8")
-                except UnicodeEncodeError:
-                    return path
-                stack.append((child, item))
+                stack.append((f"{path}.{key}" if path else str(key), item))
+                stack.append((path, key))  # a bad key is reported at its object (popped first)
         elif isinstance(value, list):
             stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
     return None

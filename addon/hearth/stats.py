@@ -103,11 +103,6 @@ class Stats:
         self.preemptions += 1
         self.preempted[cls] += 1
 
-    def tokens_per_s(self, now: float, span: float = 10.0) -> float:
-        with self._lock:
-            tokens = list(self.tokens)
-        return _rate(tokens, now, span)
-
     def snapshot(self, now: float) -> dict:
         """The window's aggregates. Only the copy is made under the lock the engine thread
         records under; the percentiles are computed outside it, so a reader never stalls an

@@ -7,6 +7,13 @@ import random
 from hearth.kvcache import KVPool, common_prefix
 
 
+def lookup(pool: KVPool, tokens: list[int]):
+    """What admission does: find the longest cached prefix, then use it."""
+    entry, hit = pool.find(tokens)
+    pool.use(entry, hit, len(tokens))
+    return entry, hit
+
+
 def test_common_prefix_matches_a_plain_loop():
     rng = random.Random(1)
     for _ in range(300):
@@ -26,11 +33,11 @@ def test_lookup_finds_longest_prefix_and_leaves_one_token_to_compute():
     pool = KVPool(n_ctx=1000, n_seq_max=4, max_entries=2)
     pool.insert(0, [1, 2, 3, 4], own=4, shared=None)
     pool.insert(1, [1, 2, 9], own=3, shared=None)
-    e, n = pool.lookup([1, 2, 3, 4, 5])
+    e, n = lookup(pool, [1, 2, 3, 4, 5])
     assert e.seq_id == 0 and n == 4
-    e, n = pool.lookup([1, 2, 3, 4])
+    e, n = lookup(pool, [1, 2, 3, 4])
     assert n == 3  # the last prompt token is always computed (its logits are needed)
-    assert pool.lookup([7, 7])[1] == 0
+    assert lookup(pool, [7, 7])[1] == 0
 
 
 def test_insert_supersedes_prefixes_and_evicts_lru():
@@ -38,7 +45,7 @@ def test_insert_supersedes_prefixes_and_evicts_lru():
     assert pool.insert(0, [1, 2], own=2, shared=None) == []
     assert pool.insert(1, [1, 2, 3], own=3, shared=None) == [0]  # [1,2] is now redundant
     assert pool.insert(2, [5, 6], own=2, shared=None) == []
-    pool.lookup([1, 2, 3, 4])  # touch entry 1 (a hit)
+    lookup(pool, [1, 2, 3, 4])  # touch entry 1 (a hit)
     assert pool.insert(3, [8, 9], own=2, shared=None) == [2]  # never hit, least recent
     assert sorted(pool.entries) == [1, 3]
     assert pool.cached_cells == 5
@@ -103,7 +110,7 @@ def test_a_prompt_that_serves_hits_outlives_one_off_prompts():
     pool = KVPool(n_ctx=100_000, n_seq_max=12, max_entries=3)
     system = list(range(1000))
     pool.insert(0, [*system, 1, 2], own=1002, shared=None)
-    assert pool.lookup([*system, 7])[1] == 1000  # a satellite's second turn hits it
+    assert lookup(pool, [*system, 7])[1] == 1000  # a satellite's second turn hits it
     for i in range(1, 8):  # a stream of one-off documents
         pool.insert(i, [50_000 + i] * 300, own=300, shared=None)
     assert 0 in pool.entries

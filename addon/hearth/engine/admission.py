@@ -83,9 +83,13 @@ class Admission:
         seq = self.pool.evict(avoid=avoid)
         if seq is None:
             return False
+        self._drop_seq(seq)
+        return True
+
+    def _drop_seq(self, seq: int) -> None:
+        """Clear a sequence the pool gave up and hand its id back."""
         self.b.seq_rm(seq)
         self.pool.give_id(seq)
-        return True
 
     def _release_seq(self, r: Request) -> None:
         """Free a running sequence's id and cells."""
@@ -135,7 +139,6 @@ class Admission:
         if r.shared is not None:
             r.shared.sharers.discard(r)
         for seq in self.pool.insert(r.seq_id, r.tokens[: r.n_past], own, shared):  # type: ignore[arg-type]
-            self.b.seq_rm(seq)
-            self.pool.give_id(seq)
+            self._drop_seq(seq)
         r.seq_id, r.shared, r.shared_len = None, None, 0
 

@@ -402,12 +402,14 @@ class EngineCore(Admission, Embeddings):
         by the engine thread after each iteration and swapped in whole, so readers never
         iterate structures the engine is changing."""
         pool = self.pool
+        prefix = pool.stats()
+        used = pool.running_cells + prefix["cached_cells"]
         self.pool_view = {
-            "kv": {"cells": pool.n_ctx, "used": pool.used_cells,
+            "kv": {"cells": pool.n_ctx, "used": used,
                    "used_by_running": pool.running_cells,
-                   "used_by_prefix_cache": pool.cached_cells,
-                   "use": round(pool.used_cells / pool.n_ctx, 4)},
-            "prefix_cache": pool.stats(),
+                   "used_by_prefix_cache": prefix["cached_cells"],
+                   "use": round(used / pool.n_ctx, 4)},
+            "prefix_cache": prefix,
             "cost_model": {"base_ms": round(self.cost.base * 1000, 3),
                            "per_token_ms": round(self.cost.per_token * 1000, 4)},
             "vtc": dict(self.policy.vtc),
