@@ -43,6 +43,7 @@ class SimBackend:
         self._next_cell = 0
         self.batches: list[dict] = []  # what each decode contained
         self.abort_requested = False
+        self.refusals = 0  # decodes refused for want of cells (the KV protocol should prevent)
         self._outputs: dict[int, tuple[int, ...]] = {}  # output row -> context tokens
         self._ctx: dict[int, list[int]] = {}  # seq -> tokens by position
 
@@ -58,6 +59,7 @@ class SimBackend:
             raise ValueError(f"batch of {len(tokens)} tokens exceeds n_batch {self.n_batch}")
         new = sum(1 for p, s in zip(pos, seqs, strict=True) if p not in self.cells.get(s, {}))
         if self.used + new > self.n_ctx:
+            self.refusals += 1
             return 1
         self.t += self.base + self.per_token * len(tokens)
         self.batches.append({"n": len(tokens), "seqs": list(seqs), "t": self.t})

@@ -6,6 +6,15 @@ sequences hold ids; finished sequences may keep theirs as *cached prefixes* (LRU
 request can share with ``llama_memory_seq_cp`` (cells are shared, not duplicated). Cached
 prefixes are the first thing given up under pressure.
 
+The KV protocol, in three lines (the engine keeps it; :mod:`hearth.engine.admission`):
+1. admission reserves the cells of a prompt's uncached part (+1 for the first generated token)
+   and admits only when they are free, making room from prefixes nobody uses, then from
+   sequences of a lower class, and only if that can make enough room;
+2. before each decode the batch's cells beyond the reservations must be free, or cached
+   prefixes go, then the lowest-class newest sequence is preempted (never voice while another
+   class runs), its computed cells kept as a prefix it resumes from;
+3. so llama_decode never runs out of cells; if it does anyway, the engine recovers the same way.
+
 Cell accounting is exact: a sequence that shares a prefix counts only the cells it added. An
 entry is given up only while no running sequence shares it and at most one other entry does:
 that one then owns the cells it shared (the part its parent still holds stays shared with the
@@ -26,6 +35,7 @@ class PrefixEntry:
     shared: PrefixEntry | None = None  # the entry its first cells are shared with
     sharers: set = field(default_factory=set)  # objects (requests/entries) sharing our cells
     hits: int = 0
+    rank: int = 99  # the best class it served a hit to: a lower class may not evict it
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -51,6 +61,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo if a[lo] != b[lo] else lo + 1
 
 
+INDEX_LEN = 16  # a shared prefix shorter than this is not worth a lookup
+
+
 class KVPool:
     def __init__(self, n_ctx: int, n_seq_max: int, max_entries: int, enabled: bool = True):
         self.n_ctx = n_ctx
@@ -58,6 +71,10 @@ class KVPool:
         self.entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # LRU order
         self.max_entries = max_entries if enabled else 0
         self.running_cells = 0  # cells owned by running sequences
+        self.reserved_cells = 0  # set aside for running sequences, not computed yet
+        # Entries by their first INDEX_LEN tokens (shorter ones apart): a lookup compares only
+        # the entries that can share a useful prefix with the prompt, not every entry.
+        self._index: dict[tuple[int, ...], dict[int, PrefixEntry]] = {}
         self.hits = 0
         self.lookups = 0
         self.hit_tokens = 0
@@ -75,9 +92,17 @@ class KVPool:
 
     @property
     def free_cells(self) -> int:
-        return self.n_ctx - self.used_cells
+        return self.n_ctx - self.used_cells - self.reserved_cells
 
-    def add_cells(self, n: int) -> None:
+    def reserve(self, n: int) -> None:
+        self.reserved_cells += n
+
+    def unreserve(self, n: int) -> None:
+        self.reserved_cells -= n
+
+    def add_cells(self, n: int, reserved: int = 0) -> None:
+        """``n`` cells were computed, ``reserved`` of them set aside before."""
+        self.reserved_cells -= reserved
         self.running_cells += n
 
     def release_cells(self, n: int) -> None:
@@ -96,7 +121,7 @@ class KVPool:
         request waiting for room asks again every iteration). At least one token is left to
         compute, since the last prompt token's logits are needed."""
         best, best_n = None, 0
-        for e in self.entries.values():
+        for e in self._candidates(tokens):
             n = common_prefix(e.tokens, tokens)
             if n > best_n:
                 best, best_n = e, n
@@ -105,12 +130,28 @@ class KVPool:
             return None, 0
         return best, best_n
 
-    def use(self, entry: PrefixEntry | None, hit: int, n_tokens: int, count: bool = True) -> None:
-        """A request was admitted with this hit: the entry is fresh again and has served; the
-        hit rate counts the request once (``count``: its first admission, not a resumption)."""
+    def _key(self, tokens: list[int]) -> tuple[int, ...] | None:
+        return tuple(tokens[:INDEX_LEN]) if len(tokens) >= INDEX_LEN else None
+
+    def _candidates(self, tokens: list[int]):
+        key = self._key(tokens)
+        if key is not None:
+            yield from self._index.get(key, {}).values()
+        yield from self._index.get((), {}).values()  # entries shorter than the key
+
+    def _add(self, e: PrefixEntry) -> None:
+        self.entries[e.seq_id] = e
+        self._index.setdefault(self._key(e.tokens) or (), {})[e.seq_id] = e
+
+    def use(self, entry: PrefixEntry | None, hit: int, n_tokens: int, count: bool = True,
+            rank: int = 99) -> None:
+        """A request of class ``rank`` was admitted with this hit: the entry is fresh again and
+        has served; the hit rate counts the request once (``count``: its first admission, not a
+        resumption)."""
         if entry is not None and hit > 0:
             self.entries.move_to_end(entry.seq_id)
             entry.hits += 1
+            entry.rank = min(entry.rank, rank)
         if count:
             self.lookups += 1
             self.lookup_tokens += n_tokens
@@ -128,14 +169,14 @@ class KVPool:
         entry = PrefixEntry(seq_id=seq_id, tokens=tokens, own=own, shared=shared)
         if shared is not None:
             shared.sharers.add(entry)
-        for e in list(self.entries.values()):
+        for e in list(self._candidates(tokens)):
             # An older entry that is a prefix of this one serves no lookup this one cannot; its
             # record of being useful passes on (unless running sequences still share it).
             if (len(e.tokens) <= len(tokens) and self.evictable(e)
                     and common_prefix(e.tokens, tokens) == len(e.tokens)):
                 entry.hits = max(entry.hits, e.hits)
                 drop.append(self._remove(e))
-        self.entries[seq_id] = entry
+        self._add(entry)
         while len(self.entries) > self.max_entries:
             seq = self.evict(avoid=entry)
             if seq is None:  # all in use: the newest (shared by nothing yet) goes instead
@@ -155,16 +196,28 @@ class KVPool:
             entries += 1
         return entries <= 1
 
-    def evict(self, avoid: PrefixEntry | None = None) -> int | None:
-        """Give up one entry; returns its seq id (the caller clears it), or None.
+    @staticmethod
+    def yields_to(e: PrefixEntry, rank: int | None) -> bool:
+        """Whether a request of class ``rank`` (None: the engine itself) may make room by
+        giving ``e`` up: not an entry that serves hits to a higher class. A background
+        summary waits rather than cost the next voice turn its cached system prompt."""
+        return rank is None or e.hits == 0 or e.rank >= rank
 
-        Entries that never served a hit go first, least recently used first: a summarised
-        document is rarely asked again, while a satellite's system prompt is hit on every
-        turn and must survive the churn of one-off prompts. Then plain LRU."""
-        cands = [e for e in self.entries.values() if e is not avoid and self.evictable(e)]
+    def evict(self, avoid: PrefixEntry | None = None, rank: int | None = None,
+              wanted: frozenset[int] = frozenset()) -> int | None:
+        """Give up one entry (that a request of class ``rank`` may give up); returns its seq
+        id (the caller clears it), or None.
+
+        Entries no waiting request is about to use (``wanted``: their seq ids) go before those
+        one is; among them, entries that never served a hit go first, least recently used
+        first: a summarised document is rarely asked again, while a satellite's system prompt
+        is hit on every turn and must survive the churn of one-off prompts. Then plain LRU."""
+        cands = [e for e in self.entries.values()
+                 if e is not avoid and self.evictable(e) and self.yields_to(e, rank)]
         if not cands:
             return None
-        victim = next((e for e in cands if e.hits == 0), cands[0])
+        cands.sort(key=lambda e: e.seq_id in wanted)  # stable: LRU order within each group
+        victim = next((e for e in cands if e.hits == 0 and e.seq_id not in wanted), cands[0])
         self.evictions += 1
         return self._remove(victim)
 
@@ -173,6 +226,11 @@ class KVPool:
         with ``e`` from now on, except those ``e`` itself shared with its own parent: those
         it shares with that parent instead."""
         del self.entries[e.seq_id]
+        key = self._key(e.tokens) or ()
+        bucket = self._index[key]
+        del bucket[e.seq_id]
+        if not bucket:
+            del self._index[key]
         parent = e.shared
         if parent is not None:
             parent.sharers.discard(e)

@@ -113,6 +113,7 @@ class Request:
     n_past: int = 0  # how many of ``tokens`` are in the KV cache
     shared: Any = None  # the prefix-cache entry this sequence's first cells are shared with
     shared_len: int = 0
+    reserved: int = 0  # KV cells set aside at admission and not computed yet
     n_generated: int = 0
     sampler: Any = None
     decoder: Any = None

@@ -135,6 +135,21 @@ class Policy:
             return sorted(running, key=lambda r: (r.rank, r.arrival, r.id))
         return sorted(running, key=lambda r: (r.arrival, r.id))
 
+    def prefill_plan(self, prefilling: list[Schedulable]) -> tuple[list[Schedulable], bool]:
+        """Which of the prefilling requests (in :meth:`order`) share this iteration, and
+        whether they go in large chunks. In hearth mode an interactive prompt does not share
+        its iteration with lower-class prefill, so its first token comes as fast as if the
+        machine were idle; voice goes alone and in large chunks: fewer iterations to its
+        first token."""
+        if not prefilling or self.cfg.mode != "hearth":
+            return prefilling, False
+        best = min(r.rank for r in prefilling)
+        if best == VOICE_RANK:
+            return [r for r in prefilling if r.rank == VOICE_RANK], True
+        if best <= INTERACTIVE_RANK:
+            return [r for r in prefilling if r.rank <= INTERACTIVE_RANK], False
+        return prefilling, False
+
     # -- admission --------------------------------------------------------------------------
     def may_admit(self, r: Schedulable, running: Sequence[Schedulable],
                   waiting: Sequence[Schedulable], now: float) -> bool:
@@ -157,19 +172,24 @@ class Policy:
 
     def priority_victim(self, r: Schedulable, running: Sequence[Schedulable],
                         now: float) -> Schedulable | None:
-        """A running request ``r`` may displace for a slot or KV room: the lowest class, newest
-        one of a strictly lower class than ``r``. Voice is never displaced; only hearth mode
-        displaces for priority at all."""
+        """The running request ``r`` displaces first for a slot or KV room (see
+        :meth:`priority_victims`), or None."""
+        victims = self.priority_victims(r, running, now)
+        return victims[0] if victims else None
+
+    def priority_victims(self, r: Schedulable, running: Sequence[Schedulable],
+                         now: float) -> list[Schedulable]:
+        """The running requests ``r`` may displace, in the order they go: those of a strictly
+        lower class than ``r``, lowest class and newest first. Voice is never displaced; only
+        hearth mode displaces for priority at all."""
         if self.cfg.mode != "hearth":
-            return None
+            return []
         mine = self.effective_rank(r, now)
         # Aged requests keep what they earned: compare effective ranks, not submitted ones.
         cands = [x for x in running
                  if x.rank != VOICE_RANK and self.effective_rank(x, now) > mine]
-        if not cands:
-            return None
-        return max(cands, key=lambda x: (self.effective_rank(x, now),
-                                         x.admitted_at or x.arrival, x.id))
+        return sorted(cands, key=lambda x: (self.effective_rank(x, now),
+                                            x.admitted_at or x.arrival, x.id), reverse=True)
 
     def fairness_victim(self, r: Schedulable, running: Sequence[Schedulable],
                         waiting: Sequence[Schedulable], now: float) -> Schedulable | None:

@@ -119,3 +119,32 @@ def test_a_prompt_that_serves_hits_outlives_one_off_prompts():
     for i in range(10, 12):
         pool.insert(i, [60_000 + i] * 300, own=300, shared=None)
     assert 9 in pool.entries
+
+
+def test_an_entry_a_waiting_request_will_use_goes_last():
+    pool = KVPool(n_ctx=100_000, n_seq_max=8, max_entries=8)
+    for i in range(3):  # three one-off prompts, oldest first
+        pool.insert(i, [1000 * (i + 1) + k for k in range(50)], own=50, shared=None)
+    assert pool.evict(wanted=frozenset({0})) == 1  # the oldest is about to be used
+    assert pool.evict(wanted=frozenset({0})) == 2
+    assert pool.evict(wanted=frozenset({0})) == 0  # only when nothing else is left
+
+
+def test_a_lower_class_may_not_evict_a_prefix_a_higher_class_hits():
+    pool = KVPool(n_ctx=100_000, n_seq_max=8, max_entries=8)
+    system = list(range(100))
+    pool.insert(0, [*system, 1], own=101, shared=None)
+    entry, hit = pool.find([*system, 2])
+    pool.use(entry, hit, 101, rank=0)  # a voice turn hit it
+    assert pool.evict(rank=3) is None  # background may not
+    assert pool.evict(rank=0) == 0  # voice (or the engine itself) may
+
+
+def test_lookup_compares_only_entries_sharing_the_first_tokens():
+    pool = KVPool(n_ctx=1_000_000, n_seq_max=300, max_entries=64)
+    for i in range(60):
+        pool.insert(i, [10_000 * (i + 1) + k for k in range(500)], own=500, shared=None)
+    target = list(pool.entries[30].tokens[:400]) + [7]
+    assert sum(1 for _ in pool._candidates(target)) == 1
+    entry, hit = pool.find(target)
+    assert entry is pool.entries[30] and hit == 400

@@ -39,24 +39,23 @@ class Admission:
                     break
                 self._preempt(victim, now)
             entry, hit = (self.pool.find(r.tokens) if self.cfg.prefix_cache else (None, 0))
-            need = len(r.tokens) - hit + 1
-            while self.pool.free_cells < need:
-                if self._evict_entry(avoid=entry):
-                    continue
-                victim = self.policy.priority_victim(r, self.running, now)
-                if (victim is None and entry is not None and entry.seq_id in self.pool.entries
-                        and self._evict_entry(avoid=None)):  # the hit itself must go
-                    entry, hit = None, 0
-                    need = len(r.tokens) + 1
-                    continue
-                if victim is None:
-                    break
-                self._preempt(victim, now)
-            if self.pool.free_cells < need:
+            need = len(r.tokens) - hit + 1  # the uncached prompt and the first token's cell
+            fits = self._make_room(r, need, entry, now, r.rank)
+            if not fits and not self.running:
+                # Nothing else will ever free room: any prefix may go, its own hit too.
+                entry, hit, need = None, 0, len(r.tokens) + 1
+                fits = self._make_room(r, need, None, now, None)
+            if not fits:
                 if not self.running:  # nothing will ever free room: refuse it
                     self._fail(r, "the KV cache cannot hold this prompt", now, status=400)
                     continue
                 break  # wait for room rather than let smaller requests overtake forever
+            if entry is not None and entry.seq_id not in self.pool.entries:
+                # A preempted sequence's kept prefix superseded the hit: it serves as well.
+                entry, hit = self.pool.find(r.tokens)
+                need = len(r.tokens) - hit + 1
+                if self.pool.free_cells < need:
+                    break
             seq = self.pool.take_id()
             if seq is None:
                 break
@@ -71,16 +70,55 @@ class Admission:
                 entry, hit = None, 0
                 r.n_past = 0
             if self.cfg.prefix_cache:
-                self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None)
+                self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None,
+                              rank=r.rank)
             if r.first_admitted_at is None:
                 r.first_admitted_at = now
                 r.cached_tokens = min(r.n_past, r.n_prompt)
             r.admitted_at = now
+            r.reserved = need
+            self.pool.reserve(need)
             self.running.append(r)
 
-    def _evict_entry(self, avoid: Any) -> bool:
-        """Give up one evictable cached prefix (not ``avoid``); whether one went."""
-        seq = self.pool.evict(avoid=avoid)
+    def _make_room(self, r: Request, need: int, entry: Any, now: float,
+                   rank: int | None) -> bool:
+        """Free ``need`` cells for ``r`` if that is possible without its hit ``entry``: cached
+        prefixes first (only as many as needed, in the pool's order, none a higher class than
+        ``rank`` is served by), then running sequences of a lower class, lowest and newest
+        first, and those only when they make enough room (preempting without admitting would
+        throw their work away)."""
+        if self.pool.free_cells >= need:
+            return True
+        victims = self.policy.priority_victims(r, self.running, now)
+        keep = {id(entry)} | {id(x.shared) for x in self.running if x not in victims}
+        room = self.pool.free_cells + sum(
+            e.own for e in self.pool.entries.values()
+            if id(e) not in keep and self.pool.yields_to(e, rank))
+        room += sum(self._cells_of(v) for v in victims)
+        if room < need:
+            return False
+        while self.pool.free_cells < need:
+            if self._evict_entry(avoid=entry, rank=rank):
+                continue
+            victim = next((v for v in victims if v in self.running), None)
+            if victim is None:
+                return False
+            self._preempt(victim, now)
+        return True
+
+    @staticmethod
+    def _cells_of(r: Request) -> int:
+        """The cells preempting ``r`` gives back (once its kept prefix is given up too)."""
+        return r.n_past - r.shared_len + r.reserved
+
+    def _evict_entry(self, avoid: Any, rank: int | None = None) -> bool:
+        """Give up one evictable cached prefix (not ``avoid``, none that serves a class above
+        ``rank``); whether one went."""
+        if not self.pool.entries:
+            return False
+        wanted = frozenset(e.seq_id for w in self.waiting
+                           if (e := self.pool.find(w.tokens)[0]) is not None)
+        seq = self.pool.evict(avoid=avoid, rank=rank, wanted=wanted)
         if seq is None:
             return False
         self._drop_seq(seq)
@@ -92,33 +130,76 @@ class Admission:
         self.pool.give_id(seq)
 
     def _release_seq(self, r: Request) -> None:
-        """Free a running sequence's id and cells."""
+        """Free a running sequence's id, cells and reservation."""
         if r.seq_id is None:
             return
         self.b.seq_rm(r.seq_id)
         self.pool.release_cells(r.n_past - r.shared_len)
+        self.pool.unreserve(r.reserved)
         if r.shared is not None:
             r.shared.sharers.discard(r)
         self.pool.give_id(r.seq_id)
-        r.seq_id, r.shared, r.shared_len, r.n_past = None, None, 0, 0
+        r.seq_id, r.shared, r.shared_len, r.n_past, r.reserved = None, None, 0, 0, 0
 
-    def _preempt(self, victim: Request, now: float) -> None:
-        """Free the victim's KV; it waits again with every token it has (prompt + generated) and
-        recomputes them on resume, so its stream continues where it stopped."""
+    def _preempt(self, victim: Request, now: float, keep_kv: bool = True) -> None:
+        """The victim waits again with every token it has (prompt + generated). Its computed
+        cells stay as a cached prefix where the pool keeps them (given up like any other under
+        pressure), so on resume it recomputes only what was lost, and its stream continues
+        where it stopped."""
         self._admit_dirty = True
-        self._release_seq(victim)
         self.running.remove(victim)
+        if keep_kv and self.cfg.prefix_cache and victim.n_past > 0:
+            self._keep_as_prefix(victim)
+        else:
+            self._release_seq(victim)
         victim.preemptions += 1
         victim.admitted_at = None
         self.waiting.append(victim)
         self.stats.record_preemption(victim.cls)
         log.debug("preempted request %s (%s)", victim.id, victim.cls)
 
+    def _computed(self, r: Request, n: int) -> None:
+        """``n`` more of ``r``'s cells were computed: from its reservation first."""
+        mine = min(n, r.reserved)
+        r.reserved -= mine
+        self.pool.add_cells(n, reserved=mine)
+
+    def _fit(self, items: list[BatchItem], now: float) -> list[BatchItem]:
+        """Line 2 of the protocol: the cells the batch needs beyond its reservations (a decode
+        token each, past the first) must be free before llama_decode runs. Cached prefixes go
+        first, then the lowest-class, newest sequence (its cells kept as a prefix, given up
+        next if still needed). Voice goes only when nothing else runs; a lone sequence the pool
+        cannot grow has all the context there is and ends with "length"."""
+        def extra() -> int:
+            return sum(max(0, it.n - it.req.reserved) for it in items)
+
+        while items and extra() > self.pool.free_cells:
+            # Growing lower-class streams preempt one of their own before they cost a higher
+            # class its cached prefix; the best class that needs a cell decides.
+            rank = min(it.req.rank for it in items if it.n > it.req.reserved)
+            if self._evict_entry(avoid=None, rank=rank):
+                continue
+            victim = self.policy.memory_victim(self.running)
+            if victim is None and self._evict_entry(avoid=None):
+                continue  # only voice runs: any prefix goes before a voice stream
+            if victim is None and len(self.running) > 1:
+                victim = max(self.running, key=lambda x: (x.admitted_at or 0.0, x.id))
+            if victim is None:
+                for it in items:
+                    if it.n > it.req.reserved:
+                        self._finish(it.req, "length", now)
+                items = [it for it in items if not it.req.finished]
+                break
+            self._preempt(victim, now)
+            items = [it for it in items if it.req is not victim]
+        return items
+
     def _out_of_kv(self, items: list[BatchItem], now: float) -> None:
-        """llama_decode found no KV slot: give up cached prefixes, then the lowest-class,
-        newest running sequence. Nothing of this batch was kept by llama.cpp."""
-        # Only as many cached prefixes as the batch needs room for (at least one), in the
-        # pool's order: one-off prompts before those that serve hits.
+        """llama_decode found no KV slot although the accounting said the batch fits (it should
+        not happen: the pool may fragment differently): give up cached prefixes, then the
+        lowest-class, newest running sequence. Nothing of this batch was kept by llama.cpp."""
+        log.warning("llama_decode found no room for a batch of %d tokens with %d cells "
+                    "counted free", sum(it.n for it in items), self.pool.free_cells)
         self._admit_dirty = True
         needed = sum(it.n for it in items)
         if self._evict_entry(avoid=None):
@@ -127,7 +208,7 @@ class Admission:
             return
         victim = self.policy.memory_victim(self.running)
         if victim is not None and len(self.running) > 1:
-            self._preempt(victim, now)
+            self._preempt(victim, now, keep_kv=False)  # its cells may be what did not fit
             return
         newest = max(self.running, key=lambda r: r.arrival)
         self._fail(newest, "the KV cache is exhausted", now, status=503)
@@ -135,6 +216,8 @@ class Admission:
     def _keep_as_prefix(self, r: Request) -> None:
         own = r.n_past - r.shared_len
         self.pool.release_cells(own)
+        self.pool.unreserve(r.reserved)
+        r.reserved = 0
         shared = r.shared if r.shared is not None and r.shared.seq_id in self.pool.entries else None
         if r.shared is not None:
             r.shared.sharers.discard(r)

@@ -145,7 +145,7 @@ class EngineCore(Admission, Embeddings):
         now = self.b.now()
         self._drain_inbox(now)
         self._admit(now)
-        items = self._build_batch(now)
+        items = self._fit(self._build_batch(now), now)
         embed = self._should_embed(items, now)
         if not items and not embed:
             self._flush_events()
@@ -219,20 +219,14 @@ class EngineCore(Admission, Embeddings):
         decoding = [r for r in self.running if r.remaining == 1]
         for r in self.policy.decode_order(decoding):
             items.append(BatchItem(r, r.n_past, 1, True))
-        budget = self.prefill_budget(len(items))
-        prefilling = self.policy.order([r for r in self.running if r.remaining > 1], now)
-        if prefilling and self.policy.cfg.mode == "hearth":
-            # An interactive prompt does not share its iteration with lower-class prefill: its
-            # first token comes as fast as if the machine were idle.
-            best = min(r.rank for r in prefilling)
-            if best <= INTERACTIVE_RANK:
-                prefilling = [r for r in prefilling if r.rank <= INTERACTIVE_RANK]
-            if best == VOICE_RANK:
-                # Voice goes in larger chunks, alone: fewer iterations to its first token, while
-                # running streams still get a token every few latency targets.
-                prefilling = [r for r in prefilling if r.rank == VOICE_RANK]
-                budget = (self.prefill_budget(len(items), VOICE_PREFILL_STRETCH) if items
-                          else self.b.n_batch)  # no stream to hold up: the whole batch
+        prefilling, large = self.policy.prefill_plan(
+            self.policy.order([r for r in self.running if r.remaining > 1], now))
+        if not large:
+            budget = self.prefill_budget(len(items))
+        elif items:  # large chunks, while running streams still get a token every few targets
+            budget = self.prefill_budget(len(items), VOICE_PREFILL_STRETCH)
+        else:  # no stream to hold up: the whole batch
+            budget = self.b.n_batch
         for r in prefilling:
             if budget <= 0:
                 break
@@ -289,7 +283,7 @@ class EngineCore(Admission, Embeddings):
             if r.finished:
                 continue
             r.n_past += it.n
-            self.pool.add_cells(it.n)
+            self._computed(r, it.n)
             if not (it.n == 1 and it.output):
                 prompt_done += it.n
                 r.prefilled_tokens += it.n
@@ -333,7 +327,7 @@ class EngineCore(Admission, Embeddings):
             if gained:
                 r.n_past = keep
                 r.prefilled_tokens += gained
-                self.pool.add_cells(gained)
+                self._computed(r, gained)
                 self.policy.charge(r.user, prompt_tokens=gained)
 
     # -- retiring ---------------------------------------------------------------------------
@@ -408,6 +402,7 @@ class EngineCore(Admission, Embeddings):
             "kv": {"cells": pool.n_ctx, "used": used,
                    "used_by_running": pool.running_cells,
                    "used_by_prefix_cache": prefix["cached_cells"],
+                   "reserved": pool.reserved_cells,
                    "use": round(used / pool.n_ctx, 4)},
             "prefix_cache": prefix,
             "cost_model": {"base_ms": round(self.cost.base * 1000, 3),
