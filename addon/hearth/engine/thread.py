@@ -6,7 +6,9 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
+from typing import ClassVar
 
 from ..requests import Event, Request
 from .core import EngineCore
@@ -65,15 +67,58 @@ class Engine:
         self.core.cancel(request_id)
 
 
+class _LoopBridge:
+    """Hands events from the engine thread to one event loop with one wake-up per batch, not
+    one per request: each wake-up is a write to the loop's self-pipe, and with 8 streams it was
+    the engine thread's largest cost after llama_decode."""
+
+    _bridges: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+    _bridges_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = weakref.ref(loop)  # the registry's value must not keep its key alive
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue, list[Event]]] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopBridge:
+        with cls._bridges_lock:
+            b = cls._bridges.get(loop)
+            if b is None:
+                b = cls._bridges[loop] = cls(loop)
+            return b
+
+    def post(self, queue: asyncio.Queue, events: list[Event]) -> None:
+        with self._lock:
+            self._pending.append((queue, events))
+            if len(self._pending) > 1:
+                return  # a wake-up is already on its way and will take these too
+        loop = self._loop()
+        try:
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            with self._lock:
+                self._pending.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, events in pending:
+            queue.put_nowait(events)
+
+
 class AsyncStream:
     """Bridges engine events to asyncio: the engine thread never blocks on a consumer."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self.loop = loop or asyncio.get_running_loop()
         self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
+        self._bridge = _LoopBridge.of(self.loop)
 
     def __call__(self, events: list[Event]) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, events)
+        self._bridge.post(self.queue, events)
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
