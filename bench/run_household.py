@@ -50,14 +50,21 @@ HEARTH_MODES = {
     "serial": "one request at a time",
 }
 SERVER_ARGS = ["--n-parallel", "8", "--n-ctx", "16384", "--max-queue", "64"]
+# llama.cpp's own server on the same model and pool: the anchor row. One llama-server serves
+# either completions or embeddings, so a second one (same weights, mmap-shared) embeds.
+ANCHOR = "llama-server"
+LLAMA_ARGS = ["-c", "16384", "-np", "8", "-b", "512", "-ub", "128", "--kv-unified"]
+LLAMA_EMBED_ARGS = ["-c", "4096", "-np", "2", "-b", "2048", "-ub", "2048", "--embeddings",
+                    "--pooling", "mean"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run (about 60 s per mode)")
-    ap.add_argument("--modes", default="hearth,fifo,serial",
-                    help="Hearth policies to run, comma-separated (empty: none)")
+    ap.add_argument("--modes", default=f"hearth,fifo,serial,{ANCHOR}",
+                    help="Hearth policies to run, and llama-server, comma-separated (empty: "
+                    "none)")
     ap.add_argument("--url", action="append", default=[], metavar="[NAME=]URL",
                     help="also replay against this OpenAI-compatible base URL (repeatable)")
     ap.add_argument("--api-key", default=os.environ.get("HEARTH_BENCH_API_KEY"),
@@ -133,6 +140,25 @@ def report_only(folder: Path, plots: bool, latest: bool) -> int:
     return 0
 
 
+def run_anchor(sessions: list, duration: float, drain: float, progress: Progress,
+               raw: Path) -> tuple[Target, Replay, str]:
+    from llama_server import LlamaServer
+
+    from hearth.models import packaged_model
+
+    model = packaged_model()
+    with LlamaServer(model, *LLAMA_ARGS) as chat, LlamaServer(model, *LLAMA_EMBED_ARGS) as emb:
+        target = Target(ANCHOR, chat.url, model_of(chat.url, None), hearth=False,
+                        embed_url=emb.url)
+        rp = replay(target, sessions, duration, drain, progress)
+    for srv, tag in ((chat, "chat"), (emb, "embed")):
+        if srv.log_path is not None and srv.log_path.exists():
+            srv.log_path.rename(raw / f"server-{ANCHOR}-{tag}.log")
+    return target, rp, ("llama.cpp's llama-server from the same vendored llama.cpp, same "
+                        f"model ({' '.join(LLAMA_ARGS)}; embeddings: a second one, "
+                        f"{' '.join(LLAMA_EMBED_ARGS)})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.no_plots:
@@ -151,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     sessions = generate(spec, duration, load=args.load, seed=seed)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
-        if m not in HEARTH_MODES:
-            sys.exit(f"unknown mode {m!r}: choose from {', '.join(HEARTH_MODES)}")
+        if m not in HEARTH_MODES and m != ANCHOR:
+            sys.exit(f"unknown mode {m!r}: choose from {', '.join([*HEARTH_MODES, ANCHOR])}")
     urls = []
     for u in args.url:
         name, _, url = u.partition("=") if "=" in u.split("://")[0] else ("", "", u)
@@ -199,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                 if log is not None and log.exists():
                     log.rename(raw / f"server-{name}.log")
             description = HEARTH_MODES[name] + " (" + " ".join(server_args) + ")"
+        elif name == ANCHOR:
+            progress.show("starting llama-server")
+            target, rp, description = run_anchor(sessions, duration, drain, progress, raw)
         else:
             url = dict(urls)[name]
             target = Target(name, url, model_of(url, args.api_key), hearth=False,

@@ -34,6 +34,7 @@ class Target:
     model: str = "default"
     hearth: bool = True  # send Hearth's ``priority`` field (other servers get only the header)
     api_key: str | None = None
+    embed_url: str | None = None  # where /v1/embeddings goes, if another server serves it
 
 
 @dataclass
@@ -123,7 +124,8 @@ class Replay:
     async def _post(self, r: CallResult, path: str, body: dict[str, Any],
                     handle: Callable[[aiohttp.ClientResponse], Any]) -> None:
         assert self._http is not None
-        url = self.target.url.rstrip("/") + path
+        base = self.target.embed_url if path == "/v1/embeddings" else None
+        url = (base or self.target.url).rstrip("/") + path
         while True:
             async with self._http.post(url, json=body, headers=self.headers(r.cls)) as resp:
                 if resp.status == 429 and r.retries < self.max_retries:
@@ -261,7 +263,9 @@ class Replay:
     async def run(self, warmup: list[tuple[Session, Call]] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+        # force_close: llama-server closes a connection after a stream; a pooled one would
+        # fail the next request (a fresh localhost connection costs well under a millisecond).
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
                                          timeout=timeout) as http:
             self._http = http
             if warmup:

@@ -130,11 +130,16 @@ def markdown(run: dict[str, Any], image_prefix: str = "") -> str:
 
 
 def verdict(modes: list[dict[str, Any]]) -> list[str]:
-    """hearth against fifo on what the issue asks: voice TTFT p95 and throughput within 10 %."""
+    """hearth against fifo and against llama-server: voice TTFT p95 and throughput."""
     by = {m["name"]: m["summary"] for m in modes}
-    if "hearth" not in by or "fifo" not in by:
-        return []
-    h, f = by["hearth"], by["fifo"]
+    out: list[str] = []
+    for other in ("fifo", "llama-server"):
+        if "hearth" in by and other in by:
+            out += _against(by["hearth"], by[other], other)
+    return out
+
+
+def _against(h: dict[str, Any], f: dict[str, Any], other: str) -> list[str]:
     vh = h["classes"].get("voice", {}).get("ttft_p95_s")
     vf = f["classes"].get("voice", {}).get("ttft_p95_s")
     th = h["totals"]["processed_tokens_per_busy_s"]
@@ -144,7 +149,7 @@ def verdict(modes: list[dict[str, Any]]) -> list[str]:
     if None in (vh, vf, th, tf, gh, gf) or not (vh and tf and gf):
         return []
     change = 100 * (th / tf - 1)
-    return ["", f"**hearth against fifo:** voice p95 TTFT {vh:.2f} s against {vf:.2f} s "
+    return ["", f"**hearth against {other}:** voice p95 TTFT {vh:.2f} s against {vf:.2f} s "
             f"({vf / vh:.1f}× lower); throughput while busy {th:.1f} against {tf:.1f} tok/s of "
             f"all work ({change:+.0f} %) and {gh:.1f} against {gf:.1f} generated tok/s "
             f"({100 * (gh / gf - 1):+.0f} %): "
