@@ -47,6 +47,7 @@ class Runtime:
         self.job_counts: dict[str, int] | None = None  # refreshed by /metrics
         self.stats = Stats()  # exists before the engine, so observers can subscribe early
         self.exit_code = 0  # the process's, once the server stops
+        self.settled = threading.Event()  # set once loading ended, ready or failed
 
     def start_loading(self) -> None:
         self._thread = threading.Thread(target=self._load_safely, name="hearth-load",
@@ -60,6 +61,8 @@ class Runtime:
             self.state = "failed"
             self.error = str(e)
             log.error("loading the model failed: %s", e)
+        finally:
+            self.settled.set()
 
     def load(self) -> None:
         # Imported here: llama.cpp is loaded only by a process that serves a model.

@@ -346,17 +346,26 @@ async def _startup(app: web.Application) -> None:
     if rt.state == "loading" and rt.engine is None:
         rt.start_loading()
     await app[JOBS].start()
-    # Announce to the Supervisor once we listen (on_startup runs before the port is bound).
-    app["bg_tasks"] = [asyncio.create_task(_announce_when_listening(app))]
+    app["bg_tasks"] = [asyncio.create_task(_announce_when_ready(app))]
 
 
-async def _announce_when_listening(app: web.Application) -> None:
-    await asyncio.sleep(0.5)
-    settings = app[RUNTIME].settings
+async def _announce_when_ready(app: web.Application) -> None:
+    """Announce to the Supervisor once the model is loaded: Home Assistant sets the
+    integration up from the announcement at once, and a server still loading would answer it
+    503. (on_startup also runs before the port is bound.)"""
+    rt = app[RUNTIME]
+    # Waits of a second at most: a stop during a long download must not leave a thread
+    # blocked for the executor's shutdown to wait on.
+    while not await asyncio.to_thread(rt.settled.wait, 1.0):
+        pass
+    if rt.state != "ready":
+        return  # the load failed: the log says why, and there is nothing to set up
+    await asyncio.sleep(0.25)  # the port is bound by now, however fast the model loaded
     # HEARTH_SUPERVISOR_URL points tests (or an unusual setup) at another Supervisor.
     url = os.environ.get("HEARTH_SUPERVISOR_URL", discovery.SUPERVISOR_URL)
     async with ClientSession() as session:
-        await discovery.announce(settings, session, supervisor_url=url)
+        # The Supervisor may still be starting with the host: retry for about a minute.
+        await discovery.announce(rt.settings, session, supervisor_url=url, attempts=7)
 
 
 async def _shutdown(app: web.Application) -> None:

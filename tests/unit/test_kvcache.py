@@ -144,7 +144,7 @@ def test_lookup_compares_only_entries_sharing_the_first_tokens():
     pool = KVPool(n_ctx=1_000_000, n_seq_max=300, max_entries=64)
     for i in range(60):
         pool.insert(i, [10_000 * (i + 1) + k for k in range(500)], own=500, shared=None)
-    target = list(pool.entries[30].tokens[:400]) + [7]
+    target = [*pool.entries[30].tokens[:400], 7]
     assert sum(1 for _ in pool._candidates(target)) == 1
     entry, hit = pool.find(target)
     assert entry is pool.entries[30] and hit == 400
