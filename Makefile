@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine clean
+.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs llama-server clean
 
 setup:
 	@scripts/bootstrap dev
@@ -82,12 +82,21 @@ soak: setup
 	HEARTH_SOAK_RESULTS=bench/results/soak \
 	$(PY) -m pytest -p no:homeassistant tests/server/test_crash_and_soak.py -q -s --timeout 7200
 
-# The household benchmark: the same workload against hearth, fifo and serial (ARGS=--quick: ~60 s
-# per mode; ARGS="--url NAME=URL" adds any OpenAI-compatible server).
-bench: setup
+# llama.cpp's own server from the vendored llama.cpp, the benchmarks' anchor (built once and
+# cached; 17 CPU-minutes, about 9 minutes on 2 idle cores).
+llama-server: setup
+	PYTHON=$(PY) scripts/build_llama_server
+
+# Hearth against llama-server over HTTP: voice under load, stalls, 8-chat throughput.
+bench-vs: llama-server
+	$(PY) bench/vs_llama_server.py $(ARGS)
+
+# The household benchmark: the same workload against hearth, fifo, serial and llama-server
+# (ARGS=--quick: ~60 s per mode; ARGS="--url NAME=URL" adds any OpenAI-compatible server).
+bench: llama-server
 	$(PY) bench/run_household.py $(ARGS)
 
-bench-quick: setup
+bench-quick: llama-server
 	$(PY) bench/run_household.py --quick $(ARGS)
 
 bench-engine: setup
