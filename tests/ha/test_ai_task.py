@@ -14,7 +14,10 @@ from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers.entity_component import DATA_INSTANCES
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.hearth.const import CONF_TEMPERATURE
+
 from .conftest import (
+    AI_TASK_OPTIONS,
     FakeHearth,
     async_queue,
     async_setup_hearth,
@@ -35,8 +38,12 @@ async def _background_completed(hass: HomeAssistant, server: HearthServer) -> in
 async def test_generate_structured_data(
     hass: HomeAssistant, hearth_server: HearthServer
 ) -> None:
-    """With a structure the answer is JSON matching it, served at the background class."""
-    entry = await async_setup_hearth(hass, hearth_server.url)
+    """With a structure the answer is JSON matching it, served at the background class.
+    Greedy: sampled at the default temperature, the small test model now and then invents a
+    name that runs past max_tokens, and a cut answer is not JSON."""
+    entry = await async_setup_hearth(
+        hass, hearth_server.url, ai_task={**AI_TASK_OPTIONS, CONF_TEMPERATURE: 0.0}
+    )
     before = await _background_completed(hass, hearth_server)
 
     result = await ai_task.async_generate_data(
