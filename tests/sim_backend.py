@@ -170,8 +170,8 @@ def make_core(mode: str = "hearth", n_parallel: int = 8, latency_target: float =
     if caps is not None:
         pc.caps = caps
     core = EngineCore(b, pc, EngineConfig(latency_target_s=latency_target, **cfg))
-    core.cost.base, core.cost.per_token = b.base, b.per_token  # as if calibrated
-    core.embed_cost.base, core.embed_cost.per_token = b.base, b.per_token
+    core.cost.seed(b.base, b.per_token)  # as if calibrated
+    core.embed_cost.seed(b.base, b.per_token)
     return core, b
 
 

@@ -51,12 +51,12 @@ def test_embedding_timings_do_not_move_the_generation_cost_model():
     context leaves it where it was (it once jumped tenfold) and has its own model."""
     b = CostlyEmbeddings()
     core, _ = make_core("hearth", backend=b)
-    before = (core.cost.base, core.cost.per_token, core.prefill_budget(4))
+    before = (core.cost.view(), core.prefill_budget(4))
     emb, emb_events = embedding_request(100)
     core.submit(emb)
     run_until(core, lambda: any(e.kind == "done" for e in emb_events))
-    assert (core.cost.base, core.cost.per_token, core.prefill_budget(4)) == before
-    assert core.embed_cost.per_token > 5 * core.cost.per_token
+    assert (core.cost.view(), core.prefill_budget(4)) == before
+    assert core.embed_cost.predict(100) > 5 * core.cost.predict(100)
 
 
 def test_idle_embeddings_still_go_in_large_batches():

@@ -15,7 +15,7 @@ from ..scheduler import CLASS_RANKS, INTERACTIVE_RANK, VOICE_RANK, Policy, Polic
 from ..stats import Stats
 from .admission import Admission
 from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig, RequestError
-from .cost import CostModel
+from .cost import CostModel, attention
 from .embeddings import Embeddings
 
 log = logging.getLogger("hearth.engine")
@@ -104,15 +104,17 @@ class EngineCore(Admission, Embeddings):
     def calibrate(self, token: int, rounds: int = 2) -> None:
         """Seed the cost model (and warm the kernels) with a few decodes of known size before
         serving, so the first iterations already respect the latency target."""
-        sizes = [1, self.b.n_ubatch, 1, min(self.b.n_batch, 2 * self.b.n_ubatch)] * rounds
-        for n in sizes:
+        # One size per bucket the engine meets often: decodes of a few streams (every token
+        # with its logits), minimum and middle chunks, one and two micro-batches.
+        sizes = [1, 4, 16, 64, self.b.n_ubatch, min(self.b.n_batch, 2 * self.b.n_ubatch)]
+        for n in sizes * rounds:
             t0 = self.b.now()
-            status = self.b.decode([token] * n, list(range(n)), [0] * n,
-                                   [False] * (n - 1) + [True])
+            outs = [True] * n if n < 8 else [False] * (n - 1) + [True]
+            status = self.b.decode([token] * n, list(range(n)), [0] * n, outs)
             dt = self.b.now() - t0
             self.b.seq_rm(0)
             if status == 0:
-                self.cost.observe(n, dt)
+                self.cost.observe(n, dt, attention(n, 0))
 
     def fail_all(self, message: str) -> None:
         """The engine cannot go on: every queued and running request gets an error now, and
@@ -202,17 +204,32 @@ class EngineCore(Admission, Embeddings):
                     self._finish(r, "cancelled", now)
 
     # -- batching ---------------------------------------------------------------------------
-    def prefill_budget(self, n_decode: int, stretch: float = 1.0) -> int:
-        """Prefill tokens that fit beside ``n_decode`` decode tokens in one iteration of
-        ``stretch`` latency targets."""
+    def prefill_budget(self, n_decode: int, stretch: float = 1.0, decode_attended: int = 0,
+                       start: int = 0, interactive: bool = False) -> int:
+        """Prefill tokens, from position ``start`` of their sequence, that fit beside
+        ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
+        of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it)."""
         cap = max(0, self.b.n_batch - n_decode)
-        interactive = any(r.rank <= INTERACTIVE_RANK for r in self.running + self.waiting)
-        if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound and not interactive):
+        someone_waits = any(r.rank <= INTERACTIVE_RANK for r in self.running + self.waiting)
+        if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound
+                                                and not someone_waits):
             return cap
-        room = stretch * self.cfg.latency_target_s - self.cost.predict(n_decode)
-        # The minimum chunk keeps prefill moving under a slow cost model, but never past the
-        # batch's room (which would fail the decode).
-        return min(cap, max(self.cfg.min_prefill_chunk, self.cost.tokens_within(room)))
+        target = self.cfg.latency_target_s
+
+        def within(seconds: float) -> int:
+            return self.cost.tokens_within(seconds, beside=n_decode,
+                                           beside_attended=decode_attended, start=start, cap=cap)
+
+        n = within(stretch * target)
+        if n < self.cfg.min_prefill_chunk:
+            # Not even a minimum chunk fits the target beside these streams (on a CPU a small
+            # batch costs nearly as much per token as a decode). Someone waiting for this
+            # prompt gets what fits in the voice stretch: the streams wait not much longer
+            # than for a minimum chunk, and the prompt goes several times faster. Work no one
+            # waits for keeps to the minimum chunk, and the streams' cadence.
+            n = max(self.cfg.min_prefill_chunk,
+                    within(VOICE_PREFILL_STRETCH * target) if interactive else 0)
+        return min(cap, n)  # never past the batch's room, which would fail the decode
 
     def _build_batch(self, now: float) -> list[BatchItem]:
         items: list[BatchItem] = []
@@ -221,10 +238,14 @@ class EngineCore(Admission, Embeddings):
             items.append(BatchItem(r, r.n_past, 1, True))
         prefilling, large = self.policy.prefill_plan(
             self.policy.order([r for r in self.running if r.remaining > 1], now))
+        attended = sum(r.n_past + 1 for r in decoding)
+        start = prefilling[0].n_past if prefilling else 0
+        interactive = bool(prefilling) and prefilling[0].rank <= INTERACTIVE_RANK
         if not large:
-            budget = self.prefill_budget(len(items))
+            budget = self.prefill_budget(len(items), 1.0, attended, start, interactive)
         elif items:  # large chunks, while running streams still get a token every few targets
-            budget = self.prefill_budget(len(items), VOICE_PREFILL_STRETCH)
+            budget = self.prefill_budget(len(items), VOICE_PREFILL_STRETCH, attended, start,
+                                         interactive)
         else:  # no stream to hold up: the whole batch
             budget = self.b.n_batch
         for r in prefilling:
@@ -241,13 +262,14 @@ class EngineCore(Admission, Embeddings):
         seqs: list[int] = []
         outs: list[bool] = []
         out_index: dict[int, int] = {}
-        prefill_tokens, best_prefill = 0, 99
+        prefill_tokens, best_prefill, attended = 0, 99, 0
         for it in items:
             r = it.req
             tokens.extend(r.tokens[it.start: it.start + it.n])
             pos.extend(range(it.start, it.start + it.n))
             seqs.extend([r.seq_id] * it.n)  # type: ignore[list-item]
             outs.extend([False] * (it.n - 1) + [it.output])
+            attended += attention(it.n, it.start)
             if it.output:
                 out_index[r.id] = len(tokens) - 1
             if it.n > 1 or not it.output:
@@ -265,7 +287,7 @@ class EngineCore(Admission, Embeddings):
         self.last_iteration = {"tokens": len(tokens), "prefill": prefill_tokens,
                                "seconds": t1 - t0, "status": status}
         if status == 0:
-            self.cost.observe(len(tokens), t1 - t0)
+            self.cost.observe(len(tokens), t1 - t0, attended)
             self._after_decode(items, out_index, t1)
         elif status == 1:
             self._out_of_kv(items, t1)
@@ -405,8 +427,9 @@ class EngineCore(Admission, Embeddings):
                    "reserved": pool.reserved_cells,
                    "use": round(used / pool.n_ctx, 4)},
             "prefix_cache": prefix,
-            "cost_model": {"base_ms": round(self.cost.base * 1000, 3),
-                           "per_token_ms": round(self.cost.per_token * 1000, 4)},
+            "cost_model": {"decode_ms": round(1000 * self.cost.predict(1), 3),
+                           "full_batch_ms": round(1000 * self.cost.predict(self.b.n_batch), 1),
+                           "by_batch_size": self.cost.view()},
             "vtc": dict(self.policy.vtc),
         }
 
