@@ -152,9 +152,9 @@ def _against(h: dict[str, Any], f: dict[str, Any], other: str) -> list[str]:
     return ["", f"**hearth against {other}:** voice p95 TTFT {vh:.2f} s against {vf:.2f} s "
             f"({vf / vh:.1f}× lower); throughput while busy {th:.1f} against {tf:.1f} tok/s of "
             f"all work ({change:+.0f} %) and {gh:.1f} against {gf:.1f} generated tok/s "
-            f"({100 * (gh / gf - 1):+.0f} %): "
-            + ("within" if change >= -10 else "**not** within")
-            + " the 10 % the issue allows."]
+            f"({100 * (gh / gf - 1):+.0f} %)"
+            + ((": within" if change >= -10 else ": **not** within") + " the 10 % allowed."
+               if other == "fifo" else ".")]
 
 
 def plots(run: dict[str, Any], records: dict[str, list[dict[str, Any]]], out: Path) -> list[Path]:

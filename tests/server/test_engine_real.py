@@ -175,7 +175,10 @@ def test_batched_generations_equal_one_at_a_time(model):
             identical += 1
             continue
         assert_parts_only_at_a_near_tie(model, chat_tokens(model, q), solo, batched)
-    assert identical >= len(QUESTIONS) // 2
+    # How many come out identical depends on how the prompts are cut into batches (the cost
+    # model decides; larger chunks flip more near-ties: 2 of 8 identical with the cost model
+    # by batch size, 4+ with 16-token chunks): the near-tie rule above is the correctness test.
+    assert identical >= 1
 
 
 def test_preempted_generation_resumes_exactly(model):
