@@ -61,13 +61,12 @@ class Admission:
                 break
             self.waiting.remove(r)
             r.seq_id = seq
-            if entry is not None and hit > 0 and entry.seq_id in self.pool.entries:
+            if entry is not None:  # find() gives an entry only with a hit; it is still there
                 self.b.seq_cp(entry.seq_id, seq, 0, hit)
                 r.shared, r.shared_len = entry, hit
                 entry.sharers.add(r)
                 r.n_past = hit
             else:
-                entry, hit = None, 0
                 r.n_past = 0
             if self.cfg.prefix_cache:
                 self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None,
@@ -198,10 +197,10 @@ class Admission:
         """llama_decode found no KV slot although the accounting said the batch fits (it should
         not happen: the pool may fragment differently): give up cached prefixes, then the
         lowest-class, newest running sequence. Nothing of this batch was kept by llama.cpp."""
-        log.warning("llama_decode found no room for a batch of %d tokens with %d cells "
-                    "counted free", sum(it.n for it in items), self.pool.free_cells)
-        self._admit_dirty = True
         needed = sum(it.n for it in items)
+        log.warning("llama_decode found no room for a batch of %d tokens with %d cells "
+                    "counted free", needed, self.pool.free_cells)
+        self._admit_dirty = True
         if self._evict_entry(avoid=None):
             while self.pool.free_cells < needed and self._evict_entry(avoid=None):
                 pass

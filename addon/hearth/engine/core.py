@@ -238,16 +238,16 @@ class EngineCore(Admission, Embeddings):
             items.append(BatchItem(r, r.n_past, 1, True))
         prefilling, large = self.policy.prefill_plan(
             self.policy.order([r for r in self.running if r.remaining > 1], now))
-        attended = sum(r.n_past + 1 for r in decoding)
-        start = prefilling[0].n_past if prefilling else 0
-        interactive = bool(prefilling) and prefilling[0].rank <= INTERACTIVE_RANK
-        if not large:
-            budget = self.prefill_budget(len(items), 1.0, attended, start, interactive)
-        elif items:  # large chunks, while running streams still get a token every few targets
-            budget = self.prefill_budget(len(items), VOICE_PREFILL_STRETCH, attended, start,
-                                         interactive)
-        else:  # no stream to hold up: the whole batch
+        if not prefilling:  # a decode-only iteration: no budget to search for
+            return items
+        if large and not items:  # no stream to hold up: the whole batch
             budget = self.b.n_batch
+        else:  # beside running streams: one latency target, or a few for large chunks
+            head = prefilling[0]
+            budget = self.prefill_budget(
+                len(items), VOICE_PREFILL_STRETCH if large else 1.0,
+                sum(attention(1, r.n_past) for r in decoding), head.n_past,
+                head.rank <= INTERACTIVE_RANK)
         for r in prefilling:
             if budget <= 0:
                 break

@@ -117,6 +117,8 @@ class CostModel:
             top = min(cap, 2 ** k - 1 - beside)
             if top > lo and fits(top):
                 lo = top
+            if top >= cap:  # every larger bucket would try the same size
+                break
         return lo
 
     def view(self) -> dict[str, float]:
