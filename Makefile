@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs llama-server clean
+.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs llama-server addon-test addon-image addon-image-vulkan clean
 
 setup:
 	@scripts/bootstrap dev
@@ -101,6 +101,23 @@ bench-quick: llama-server
 
 bench-engine: setup
 	$(PY) bench/engine_bench.py $(ARGS)
+
+# The add-on image, built and run as the Supervisor would (podman; tests/addon): serves, stops in
+# time with its job queued again, finishes it once after a start, runs on a CPU without AVX.
+# A cold build compiles llama.cpp with every CPU variant (about 20 minutes on 2 cores); podman's
+# layer cache keeps it. addon-image-vulkan: the Vulkan image (not run by CI: see its time in
+# addon/DOCS.md).
+addon-test: setup
+	@scripts/addon/setup
+	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/addon -q --timeout 5400
+
+addon-image:
+	@scripts/addon/setup
+	scripts/addon/build_image cpu
+
+addon-image-vulkan:
+	@scripts/addon/setup
+	scripts/addon/build_image vulkan
 
 clean:
 	rm -rf $(VENV) .venv-ha-oldest .venv-ha-latest .pytest_cache .ruff_cache

@@ -1,11 +1,10 @@
-#!/usr/bin/with-contenv bash
-# shellcheck shell=bash
+#!/bin/sh
 # Start script of the Hearth add-on. The server reads the add-on options from
 # /data/options.json itself; only what the add-on system fixes is given here:
 #   /data          the add-on's private data (job store)
 #   /config        the add-on config folder (app_config), /addon_configs/<id>_hearth on the host
 #   /config/models model files: put GGUFs here, downloads land here (excluded from backups)
-set -euo pipefail
+set -eu
 
 mkdir -p /config/models
 

@@ -41,8 +41,56 @@ def init_backend(verbose: bool = False) -> None:
                 return None
         _log_callback = L.llama_log_callback(forward)
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        _load_dynamic_backends()
         L.llama_backend_init()
         _initialised = True
+
+
+def _libggml() -> ctypes.CDLL:
+    """ggml's functions as libllama is bound to them. The wheel ships libggml.so and
+    libggml.so.0 as two copies of one file: opening either by name could load a second ggml,
+    with its own (empty) backend registry; lookups through libllama's handle cannot."""
+    return L.llama_cpp._lib
+
+
+def _load_dynamic_backends() -> None:
+    """A build with GGML_BACKEND_DL (the add-on image) registers no backend by itself: load
+    them from the package's lib folder, where ggml picks the CPU variant this CPU can run
+    (one per instruction-set level), so one image runs with and without AVX."""
+    try:
+        ggml = _libggml()
+        count = ggml.ggml_backend_reg_count
+        load_all = ggml.ggml_backend_load_all_from_path
+    except (OSError, AttributeError):
+        return
+    count.restype = ctypes.c_size_t
+    if count() == 0:
+        load_all.argtypes = [ctypes.c_char_p]
+        load_all(str(Path(L.__file__).parent / "lib").encode())
+        if count() == 0:
+            raise LlamaError("llama.cpp found no backend it can run on this CPU")
+
+
+def backend_names() -> list[str]:
+    """The llama.cpp backends in use, the CPU variant's library included where one was
+    chosen at run time (e.g. ``CPU (libggml-cpu-haswell.so)``)."""
+    ggml = _libggml()
+    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_reg_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    names = [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
+             for i in range(ggml.ggml_backend_reg_count())]
+    try:
+        with open("/proc/self/maps") as maps:
+            variants = sorted({line.rsplit("/", 1)[-1].strip() for line in maps
+                               if "/libggml-cpu-" in line})
+    except OSError:
+        variants = []
+    if variants:
+        names = [f"{n} ({', '.join(variants)})" if n == "CPU" else n for n in names]
+    return names
 
 
 class LlamaError(RuntimeError):

@@ -42,6 +42,7 @@ class Runtime:
         self.core: EngineCore | None = None
         self.formatter: ChatFormatter | None = None
         self.model_id = "hearth"
+        self.backends: list[str] = []  # llama.cpp backends in use, once loaded
         self.model_path: Path | None = None
         self._thread: threading.Thread | None = None
         self.job_counts: dict[str, int] | None = None  # refreshed by /metrics
@@ -67,10 +68,12 @@ class Runtime:
     def load(self) -> None:
         # Imported here: llama.cpp is loaded only by a process that serves a model.
         from .backend import LlamaBackend
-        from .llama_adapter import ContextParams, Model, init_backend
+        from .llama_adapter import ContextParams, Model, backend_names, init_backend
 
         s = self.settings
         init_backend(verbose=s.verbose)
+        self.backends = backend_names()
+        log.info("llama.cpp backends: %s", ", ".join(self.backends))
         path = resolve(s.model, s.models_dir)
         self.model_path = path
         log.info("loading %s", path)

@@ -158,6 +158,8 @@ async def health(request: web.Request) -> web.Response:
     body: dict[str, Any] = {"status": rt.state,
                             "model": rt.model_id if rt.state == "ready" else None,
                             "version": __version__}
+    if rt.state == "ready":
+        body["backends"] = rt.backends
     if rt.error:
         body["error"] = rt.error
     if rt.engine is not None and rt.engine.error is not None:

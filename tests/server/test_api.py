@@ -34,6 +34,7 @@ def test_health_and_models(server):
     status, body = server.get("/health")
     assert status == 200 and body["status"] == "ready"
     assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert body["backends"] and body["backends"][0].startswith("CPU")  # llama.cpp's, in use
     status, body = server.get("/v1/models")
     assert status == 200 and body["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1"
 

