@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs llama-server addon-test addon-image addon-image-vulkan clean
+.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs bench-commands llama-server addon-test addon-image addon-image-vulkan clean
 
 setup:
 	@scripts/bootstrap dev
@@ -99,6 +99,12 @@ bench: llama-server
 bench-quick: llama-server
 	$(PY) bench/run_household.py --quick $(ARGS)
 
+# Household commands through Home Assistant's Assist pipeline, scored by the lights' states
+# (bench/commands.py): MODEL=path.gguf (default the embedded model), ARGS="--modes local --busy 2".
+MODEL ?=
+bench-commands: setup-demo
+	$(PY_LATEST) bench/commands.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
 bench-engine: setup
 	$(PY) bench/engine_bench.py $(ARGS)
 
@@ -109,7 +115,7 @@ bench-engine: setup
 # addon/DOCS.md).
 addon-test: setup
 	@scripts/addon/setup
-	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/addon -q --timeout 5400
+	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/addon -q -s --timeout 5400
 
 addon-image:
 	@scripts/addon/setup

@@ -96,24 +96,40 @@ async def _with_client(stack: DemoStack, work):
 
 def test_conversation_answered_by_the_model(stack: DemoStack) -> None:
     """A typed turn through Home Assistant's conversation API reaches Hearth (chat class) and the
-    model's answer comes back; a turn through the Assist pipeline (the way voice satellites send
-    them) reaches it as voice."""
+    model's answer comes back. Through the Assist pipeline (as voice satellites send turns), a
+    command Home Assistant's own intents match turns the light on without the model, and a
+    question they do not match reaches Hearth as voice."""
     assert stack.first_answer  # DemoStack.start sent one through /api/conversation/process
 
     async def work(ha: HomeAssistantClient):
         typed = await ha.converse("Say hello to the household.", AGENT_ID, timeout_s=180)
-        voice = await ha.voice_turn("Turn on the kitchen light.", stack.pipeline_id,
-                                    device_id=None, timeout_s=180)
-        return typed, voice
+        before = _queue(stack)["classes"]
+        t0 = time.monotonic()
+        command = await ha.voice_turn("Turn on the kitchen light.", stack.pipeline_id,
+                                      device_id=None, timeout_s=180)
+        t1 = time.monotonic()
+        light = await ha.get("/api/states/light.kitchen_light")
+        after_command = _queue(stack)["classes"]
+        question = await ha.voice_turn("What should I cook for dinner tonight?",
+                                       stack.pipeline_id, device_id=None, timeout_s=180)
+        t2 = time.monotonic()
+        print(f"command through local intents: {t1 - t0:.2f} s; question through Hearth: "
+              f"{t2 - t1:.2f} s")
+        return typed, before, command, light, after_command, question
 
-    before = _queue(stack)["classes"]
-    typed, voice = _ha(stack, work)
+    chat_before = _queue(stack)["classes"]["chat"]["completed"]
+    typed, before, command, light, after_command, question = _ha(stack, work)
     assert typed["response"]["response_type"] != "error", typed
     assert typed["response"]["speech"]["plain"]["speech"].strip()
-    assert voice.strip()
-    after = _queue(stack)["classes"]
-    assert after["chat"]["completed"] >= before["chat"]["completed"] + 1
-    assert after["voice"]["completed"] >= before["voice"]["completed"] + 1
+    assert _queue(stack)["classes"]["chat"]["completed"] >= chat_before + 1
+
+    assert light["state"] == "on", light
+    assert command.strip()
+    # the command never reached the model: no voice request finished, failed or was refused
+    for key in ("completed", "failed", "rejected"):
+        assert after_command["voice"][key] == before["voice"][key], key
+    assert question.strip()
+    assert _queue(stack)["classes"]["voice"]["completed"] >= before["voice"]["completed"] + 1
 
 
 def _tile_state(page, name: str) -> str:
@@ -188,6 +204,8 @@ def test_dashboard_in_a_browser(stack: DemoStack) -> None:
             _wait_tile(page, "Jobs failed", NUMBER, 30)
             _wait_tile(page, "Voice TTFT", rf"{NUMBER} ms", 60)
             page.get_by_text("Connected").first.wait_for()
+            # The light the first test's command turned on.
+            _wait_tile(page, "Kitchen light", r"On\b.*|\d+ ?%.*", 30)
             # Nothing over the dashboard: 2026.11 asks to confirm the http settings it migrated
             # from YAML (the demo confirms them, as a user would).
             assert page.get_by_role("dialog").count() == 0

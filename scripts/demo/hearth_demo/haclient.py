@@ -210,16 +210,31 @@ class HomeAssistantClient:
                          timeout_s: float = 120) -> str:
         """A turn through an Assist pipeline's intent stage, as a voice satellite sends it
         (names the device; the pipeline streams the answer) — Hearth classes it ``voice``."""
-        events = await self.ws_events("assist_pipeline/run", {
+        turn = await self.pipeline_turn(text, pipeline_id, device_id=device_id,
+                                        timeout_s=timeout_s)
+        return turn["speech"]
+
+    async def pipeline_turn(self, text: str, pipeline_id: str, *,
+                            conversation_id: str | None = None, device_id: str | None = None,
+                            timeout_s: float = 120) -> dict[str, Any]:
+        """One text turn through the pipeline's intent stage: the spoken answer, the
+        conversation to continue, and whether Home Assistant's own intents handled it
+        (``local``) rather than the conversation agent."""
+        fields: dict[str, Any] = {
             "start_stage": "intent", "end_stage": "intent", "input": {"text": text},
-            "pipeline": pipeline_id, "device_id": device_id, "timeout": int(timeout_s),
-        }, timeout_s=timeout_s + 5)
+            "pipeline": pipeline_id, "device_id": device_id, "timeout": int(timeout_s)}
+        if conversation_id:
+            fields["conversation_id"] = conversation_id
+        events = await self.ws_events("assist_pipeline/run", fields, timeout_s=timeout_s + 5)
         for event in events:
             if event.get("type") == "error":
                 raise HAError(f"assist pipeline error: {event.get('data')}")
             if event.get("type") == "intent-end":
-                output = (event.get("data") or {}).get("intent_output") or {}
+                data = event.get("data") or {}
+                output = data.get("intent_output") or {}
                 speech = ((output.get("response") or {}).get("speech") or {}).get("plain") or {}
-                return str(speech.get("speech", ""))
+                return {"speech": str(speech.get("speech", "")),
+                        "conversation_id": output.get("conversation_id"),
+                        "local": bool(data.get("processed_locally"))}
         kinds = [event.get("type") for event in events]
         raise HAError(f"assist pipeline ended without an answer: {kinds}; last {events[-2:]}")

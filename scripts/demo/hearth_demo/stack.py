@@ -31,7 +31,9 @@ from .haclient import HAError, HomeAssistantClient
 from .haconfig import (
     DASHBOARD_URL,
     DASHBOARD_VIEW,
+    DEMO_AREAS,
     EXPOSED_ENTITIES,
+    HIDDEN_ENTITIES,
     ROOT,
     write_config,
 )
@@ -212,6 +214,9 @@ class DemoStack:
                 self.step("exposing the demo entities to Assist and adding a Hearth pipeline")
                 await ha.ws("homeassistant/expose_entity", assistants=["conversation"],
                             entity_ids=EXPOSED_ENTITIES, should_expose=True)
+                await ha.ws("homeassistant/expose_entity", assistants=["conversation"],
+                            entity_ids=HIDDEN_ENTITIES, should_expose=False)
+                await _ensure_areas(ha)
                 self.pipeline_id = await _ensure_pipeline(ha)
 
                 self.step("waiting for the Hearth sensors")
@@ -325,19 +330,39 @@ async def _wait_running(ha: HomeAssistantClient, timeout_s: float) -> None:
     raise TimeoutError(f"Home Assistant did not reach RUNNING within {timeout_s:.0f}s")
 
 
+async def _ensure_areas(ha: HomeAssistantClient) -> None:
+    """The demo's areas (onboarding made some already: Home Assistant compares names without
+    case and spaces), and each demo entity in its own."""
+    def key(name: str) -> str:
+        return name.casefold().replace(" ", "")
+
+    areas = {key(a["name"]): a["area_id"] for a in await ha.ws("config/area_registry/list")}
+    for name in sorted(set(DEMO_AREAS.values())):
+        if key(name) not in areas:
+            areas[key(name)] = (await ha.ws("config/area_registry/create", name=name))["area_id"]
+    for entity_id, name in DEMO_AREAS.items():
+        await ha.ws("config/entity_registry/update", entity_id=entity_id,
+                    area_id=areas[key(name)])
+
+
 async def _ensure_pipeline(ha: HomeAssistantClient) -> str:
-    """An Assist pipeline whose conversation agent is Hearth, made the preferred one, so the
-    Assist dialog and voice turns go to the model."""
+    """An Assist pipeline whose conversation agent is Hearth, made the preferred one. It prefers
+    local intents, as the README recommends: a command Home Assistant's own sentences match
+    ("turn on the kitchen light") runs at once without the model; anything else (a question, a
+    command they do not know) goes to Hearth, tagged voice when a satellite sends it."""
     listing = await ha.ws("assist_pipeline/pipeline/list")
     pipeline = next((p for p in listing["pipelines"] if p["name"] == PIPELINE_NAME), None)
+    fields = dict(
+        name=PIPELINE_NAME, language="en", conversation_engine=AGENT_ID,
+        conversation_language="en", stt_engine=None, stt_language=None, tts_engine=None,
+        tts_language=None, tts_voice=None, wake_word_entity=None, wake_word_id=None,
+        prefer_local_intents=True,
+    )
     if pipeline is None:
-        pipeline = await ha.ws(
-            "assist_pipeline/pipeline/create", name=PIPELINE_NAME, language="en",
-            conversation_engine=AGENT_ID, conversation_language="en",
-            stt_engine=None, stt_language=None, tts_engine=None, tts_language=None,
-            tts_voice=None, wake_word_entity=None, wake_word_id=None,
-            prefer_local_intents=False,
-        )
+        pipeline = await ha.ws("assist_pipeline/pipeline/create", **fields)
+    elif not pipeline.get("prefer_local_intents"):  # made by an earlier demo
+        pipeline = await ha.ws("assist_pipeline/pipeline/update",
+                               pipeline_id=pipeline["id"], **fields)
     if listing.get("preferred_pipeline") != pipeline["id"]:
         await ha.ws("assist_pipeline/pipeline/set_preferred", pipeline_id=pipeline["id"])
     return pipeline["id"]

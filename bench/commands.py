@@ -1,0 +1,241 @@
+"""The command benchmark: household utterances through Home Assistant, scored by what happened.
+
+    make bench-commands [MODEL=path.gguf] [ARGS="--modes local,model --busy 2"]
+
+Starts the demo (a Home Assistant with three template lights in three areas, the Hearth
+integration and a Hearth pipeline) on a Hearth server running MODEL (default: the embedded
+SmolLM2-135M), or uses a running demo (``--ha-url``). Each case of
+bench/commands/utterances-v1.yaml sets the lights, sends its text through the Assist pipeline
+(``assist_pipeline/run``, as a satellite sends it after speech-to-text) and passes when the
+lights end as it expects: the entity states are scored, not the text. Modes: ``local`` (the
+pipeline prefers Home Assistant's own intents and hands the rest to Hearth, the recommended
+set-up) and ``model`` (every turn goes to the model). ``--busy N`` keeps N background jobs
+running on the server meanwhile. Results: bench/results/commands-<time>/{results.json,summary.md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "demo"))
+
+from hearth_demo.haclient import HomeAssistantClient  # noqa: E402
+from hearth_demo.stack import AGENT_ID, PIPELINE_NAME, DemoSettings, DemoStack  # noqa: E402
+
+CASES = ROOT / "bench" / "commands" / "utterances-v1.yaml"
+TOLERANCE_PCT = 2  # brightness is stored 0-255: 50 % comes back as 49.8 %
+JOB = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+       "max_tokens": 400, "temperature": 0.7}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def light_value(state: dict[str, Any]) -> str | int:
+    """'off', or the brightness in percent when on."""
+    if state["state"] != "on":
+        return "off"
+    brightness = state["attributes"].get("brightness")
+    return round(brightness * 100 / 255) if brightness is not None else 100
+
+
+def matches(want: str | int, got: str | int) -> bool:
+    if want == "on":
+        return got != "off"
+    if want == "off":
+        return got == "off"
+    return got != "off" and abs(int(got) - int(want)) <= TOLERANCE_PCT
+
+
+class Bench:
+    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any], server_url: str):
+        self.ha, self.spec, self.server_url = ha, spec, server_url
+        self.lights = [f"light.{name}" for name in spec["lights"]]
+
+    async def states(self) -> dict[str, str | int]:
+        return {e.split(".", 1)[1]: light_value(await self.ha.state(e)) for e in self.lights}
+
+    async def set_lights(self, setup: dict[str, str | int]) -> None:
+        for entity in self.lights:
+            want = setup.get(entity.split(".", 1)[1], "off")
+            if want == "off":
+                await self.ha.post("/api/services/light/turn_off", {"entity_id": entity})
+            else:
+                pct = 100 if want == "on" else int(want)
+                await self.ha.post("/api/services/light/turn_on",
+                                   {"entity_id": entity, "brightness_pct": pct})
+
+    async def pipeline(self, prefer_local: bool) -> str:
+        listing = await self.ha.ws("assist_pipeline/pipeline/list")
+        pipeline = next(p for p in listing["pipelines"] if p["name"] == PIPELINE_NAME)
+        fields = {k: pipeline.get(k) for k in (
+            "name", "language", "conversation_engine", "conversation_language", "stt_engine",
+            "stt_language", "tts_engine", "tts_language", "tts_voice", "wake_word_entity",
+            "wake_word_id")}
+        await self.ha.ws("assist_pipeline/pipeline/update", pipeline_id=pipeline["id"],
+                         **fields, prefer_local_intents=prefer_local)
+        return pipeline["id"]
+
+    async def run_mode(self, mode: str, say) -> list[dict[str, Any]]:
+        pipeline_id = await self.pipeline(prefer_local=mode == "local")
+        conversations: dict[str, str | None] = {}
+        results = []
+        for case in self.spec["cases"]:
+            if "after" in case:
+                conversation = conversations.get(case["after"])
+                before = await self.states()
+            else:
+                conversation = None
+                await self.set_lights(case.get("setup") or {})
+                before = await self.states()
+            t0 = time.monotonic()
+            try:
+                turn = await self.ha.pipeline_turn(case["text"], pipeline_id,
+                                                   conversation_id=conversation, timeout_s=300)
+                error = None
+            except Exception as err:  # a failed turn scores as failed, the run goes on
+                turn, error = {"speech": "", "conversation_id": None, "local": False}, str(err)
+            seconds = time.monotonic() - t0
+            conversations[case["id"]] = turn["conversation_id"]
+            after = await self.states()
+            expected = {**before, **case["expect"]}
+            passed = error is None and all(matches(expected[k], after[k]) for k in after)
+            results.append({"mode": mode, "id": case["id"], "kind": case["kind"],
+                            "text": case["text"], "passed": passed, "local": turn["local"],
+                            "seconds": round(seconds, 3), "speech": turn["speech"][:200],
+                            "before": before, "after": after, "error": error})
+            say(f"[{mode}] {'PASS' if passed else 'fail'} {seconds:6.2f}s "
+                f"{'local' if turn['local'] else 'model'} {case['text']!r} -> {after}")
+        return results
+
+
+async def keep_busy(server_url: str, n: int, stop: asyncio.Event) -> None:
+    """Keep ``n`` background jobs queued or running on the Hearth server."""
+    async with aiohttp.ClientSession() as session:
+        running: list[str] = []
+        while not stop.is_set():
+            alive = []
+            for job_id in running:
+                async with session.get(f"{server_url}/v1/jobs/{job_id}") as r:
+                    if (await r.json())["status"] in ("queued", "running"):
+                        alive.append(job_id)
+            running = alive
+            while len(running) < n:
+                async with session.post(f"{server_url}/v1/jobs", json={"request": JOB}) as r:
+                    running.append((await r.json())["id"])
+            await asyncio.sleep(1)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def summary(results: list[dict[str, Any]], model: str, busy: int) -> str:
+    kinds = list(dict.fromkeys(r["kind"] for r in results))
+    lines = [f"Model: `{model}`; background jobs running: {busy}; cases: "
+             f"{CASES.relative_to(ROOT)}", "",
+             "| mode | passed | " + " | ".join(kinds) + " | handled locally | local turn p50 / "
+             "p95 | model turn p50 / p95 |",
+             "|---|---|" + "---|" * len(kinds) + "---|---|---|"]
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        rows = [r for r in results if r["mode"] == mode]
+        by_kind = Counter(r["kind"] for r in rows if r["passed"])
+        total = Counter(r["kind"] for r in rows)
+        local = [r["seconds"] for r in rows if r["local"]]
+        model_t = [r["seconds"] for r in rows if not r["local"]]
+
+        def span(v: list[float]) -> str:
+            return "–" if not v else f"{pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} s"
+
+        lines.append(f"| {mode} | {sum(r['passed'] for r in rows)}/{len(rows)} | "
+                     + " | ".join(f"{by_kind[k]}/{total[k]}" for k in kinds)
+                     + f" | {len(local)} | {span(local)} | {span(model_t)} |")
+    return "\n".join(lines) + "\n"
+
+
+async def bench(args: argparse.Namespace, ha_url: str, server_url: str, say) -> list[dict]:
+    spec = yaml.safe_load(CASES.read_text())
+    async with aiohttp.ClientSession() as session:
+        ha = HomeAssistantClient(ha_url, session)
+        await ha.login(args.username, args.password)
+        stop = asyncio.Event()
+        busy = asyncio.create_task(keep_busy(server_url, args.busy, stop)) if args.busy else None
+        try:
+            b = Bench(ha, spec, server_url)
+            results = []
+            for mode in args.modes.split(","):
+                results += await b.run_mode(mode, say)
+            return results
+        finally:
+            stop.set()
+            if busy:
+                await asyncio.gather(busy, return_exceptions=True)
+            await ha.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="", help="GGUF for the Hearth server (default embedded)")
+    p.add_argument("--modes", default="local,model", help="local, model or both")
+    p.add_argument("--busy", type=int, default=0, help="background jobs kept running")
+    p.add_argument("--ha-url", help="use this running demo instead of starting one")
+    p.add_argument("--server-url", default="http://127.0.0.1:8080")
+    p.add_argument("--username", default="hearth")
+    p.add_argument("--password", default="hearth-demo")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"commands-{stamp}")
+    args = p.parse_args()
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    stack = None
+    if args.ha_url:
+        ha_url, server_url = args.ha_url, args.server_url
+    else:
+        settings = DemoSettings(run_dir=Path(tempfile.mkdtemp(prefix="hearth-commands-")),
+                                server_port=free_port(), ha_port=free_port(), say=say,
+                                server_args=["--model", args.model] if args.model else [])
+        stack = DemoStack(settings)
+        stack.start()
+        ha_url, server_url = settings.ha_url, settings.server_url
+    try:
+        with urllib.request.urlopen(server_url + "/v1/models", timeout=30) as r:
+            model = json.loads(r.read())["data"][0]["id"]
+        results = asyncio.run(bench(args, ha_url, server_url, say))
+    finally:
+        if stack:
+            stack.stop()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(
+        {"model": model, "agent": AGENT_ID, "busy": args.busy, "cases": str(CASES.name),
+         "results": results}, indent=1))
+    text = summary(results, model, args.busy)
+    (args.out / "summary.md").write_text(text)
+    print(text)
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
