@@ -72,24 +72,36 @@ def _load_dynamic_backends() -> None:
 
 
 def backend_names() -> list[str]:
-    """The llama.cpp backends in use, the CPU variant's library included where one was
-    chosen at run time (e.g. ``CPU (libggml-cpu-haswell.so)``)."""
+    """The llama.cpp backends in use: the CPU's with the variant chosen at run time where
+    there is one (``CPU (libggml-cpu-haswell.so)``), a GPU backend's with its devices
+    (``Vulkan (Intel(R) Arc(tm) Graphics)``, or ``Vulkan (no device)``: the model runs on
+    the CPU)."""
     ggml = _libggml()
-    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_reg_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
-    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    names = [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-             for i in range(ggml.ggml_backend_reg_count())]
+    for fn, res, args in (
+            ("ggml_backend_reg_count", ctypes.c_size_t, []),
+            ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p]),
+            ("ggml_backend_reg_dev_get", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p])):
+        getattr(ggml, fn).restype = res
+        getattr(ggml, fn).argtypes = args
     try:
         with open("/proc/self/maps") as maps:
             variants = sorted({line.rsplit("/", 1)[-1].strip() for line in maps
                                if "/libggml-cpu-" in line})
     except OSError:
         variants = []
-    if variants:
-        names = [f"{n} ({', '.join(variants)})" if n == "CPU" else n for n in names]
+    names = []
+    for i in range(ggml.ggml_backend_reg_count()):
+        reg = ggml.ggml_backend_reg_get(i)
+        name = ggml.ggml_backend_reg_name(reg).decode()
+        if name == "CPU":
+            names.append(f"CPU ({', '.join(variants)})" if variants else "CPU")
+            continue
+        devices = [ggml.ggml_backend_dev_description(ggml.ggml_backend_reg_dev_get(reg, d))
+                   .decode(errors="replace") for d in range(ggml.ggml_backend_reg_dev_count(reg))]
+        names.append(f"{name} ({', '.join(devices) or 'no device'})")
     return names
 
 

@@ -202,6 +202,7 @@ def test_serves_stops_in_time_and_finishes_the_job_once(image, addons):
         "max_tokens": 1500, "ignore_eos": True, "temperature": 0}})
     addon.wait_job(job["id"], ("running",), timeout=120)
     took, code = addon.stop()
+    print(f"stop with a running job: {took:.1f} s, exit code {code}")
     assert took < CONFIG["timeout"], f"stop took {took:.1f} s (the add-on's timeout)"
     assert code == 0, f"exit code {code} (137 would be the KILL after the timeout):\n" \
                       f"{addon.logs()}"
@@ -253,7 +254,9 @@ def test_runs_on_a_cpu_without_avx(image, addons):
                                "--options-file", "/data/options.json",
                                "--data-dir", "/data", "--models-dir", "/config/models"])
     addon.start()
+    t0 = time.monotonic()
     health = addon.wait_ready(timeout=900)
+    print(f"emulated Westmere: ready after {time.monotonic() - t0:.0f} s, {health['backends']}")
     assert health["status"] == "ready", health
     assert "CPU (libggml-cpu-sse42.so)" in health["backends"], health
     reply = addon.post("/v1/chat/completions", {

@@ -186,7 +186,9 @@ def test_port_is_unpublished_by_default(config):
 def test_startup_discovery_and_hardware(config):
     """As the Supervisor's validator (supervisor/apps/validate.py, 2026.08) wants them, with no
     key it reports as deprecated or ignores."""
-    assert config["startup"] == "application"  # Core does not wait for the model to load
+    # the default, application: Core does not wait for the model to load (and the add-on
+    # linter rejects a key set to its default)
+    assert "startup" not in config
     assert config["discovery"] == ["hearth"]
     assert "app_config:rw" in config["map"]  # addon_config is legacy since 2026.07
     assert any(p == "models" or p.startswith("models/") for p in config["backup_exclude"])
