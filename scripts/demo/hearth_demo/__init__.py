@@ -3,8 +3,8 @@ demo entities (``make run``), a household load generator (``make demo-load``), u
 end-to-end browser test (``make e2e``)."""
 
 from .haclient import HAError, HomeAssistantClient
-from .load import LoadResult, run_load
+from .load import VOICE_LINES, LoadResult, run_load
 from .stack import AGENT_ID, DemoSettings, DemoStack
 
-__all__ = ["AGENT_ID", "DemoSettings", "DemoStack", "HAError", "HomeAssistantClient",
-           "LoadResult", "run_load"]
+__all__ = ["AGENT_ID", "VOICE_LINES", "DemoSettings", "DemoStack", "HAError",
+           "HomeAssistantClient", "LoadResult", "run_load"]

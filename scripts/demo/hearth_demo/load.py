@@ -73,9 +73,11 @@ async def _client(session: aiohttp.ClientSession, url: str, username: str,
 
 async def run_load(ha_url: str, username: str, password: str, *, voice: int = 6, chat: int = 2,
                    jobs: int = 3, duration: float = 120.0, job_tokens: int = 256,
-                   say: Any = print, seed: int | None = None) -> LoadResult:
-    """Send ``voice`` voice turns, ``chat`` typed turns and ``jobs`` background jobs, spread
-    over at most ``duration`` seconds; waits for the turns (not the jobs) to finish."""
+                   say: Any = print, seed: int | None = None,
+                   voice_lines: list[str] | None = None) -> LoadResult:
+    """Send ``voice`` voice turns (from ``voice_lines``, default VOICE_LINES), ``chat`` typed
+    turns and ``jobs`` background jobs, spread over at most ``duration`` seconds; waits for the
+    turns (not the jobs) to finish."""
     rng = random.Random(seed)
     result = LoadResult()
     deadline = time.monotonic() + duration
@@ -132,7 +134,7 @@ async def run_load(ha_url: str, username: str, password: str, *, voice: int = 6,
             async def voice_turns() -> None:
                 ws_client = await _client(session, ha_url, username, password)
                 try:
-                    await turns("voice", voice, VOICE_LINES,
+                    await turns("voice", voice, voice_lines or VOICE_LINES,
                                 lambda text, timeout_s: ws_client.voice_turn(
                                     text, pipeline_id, device_id, timeout_s=timeout_s),
                                 result.voice, (1, 4))
