@@ -32,9 +32,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "demo"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from hearth_demo.haclient import HomeAssistantClient  # noqa: E402
-from hearth_demo.stack import AGENT_ID, PIPELINE_NAME, DemoSettings, DemoStack  # noqa: E402
+from hearth_demo.stack import (  # noqa: E402
+    AGENT_ID,
+    PIPELINE_NAME,
+    DemoSettings,
+    DemoStack,
+    pipeline_fields,
+)
+from household.metrics import percentile  # noqa: E402
 
 CASES = ROOT / "bench" / "commands" / "utterances-v1.yaml"
 TOLERANCE_PCT = 2  # brightness is stored 0-255: 50 % comes back as 49.8 %
@@ -65,8 +73,8 @@ def matches(want: str | int, got: str | int) -> bool:
 
 
 class Bench:
-    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any], server_url: str):
-        self.ha, self.spec, self.server_url = ha, spec, server_url
+    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any]):
+        self.ha, self.spec = ha, spec
         self.lights = [f"light.{name}" for name in spec["lights"]]
 
     async def states(self) -> dict[str, str | int]:
@@ -85,12 +93,8 @@ class Bench:
     async def pipeline(self, prefer_local: bool) -> str:
         listing = await self.ha.ws("assist_pipeline/pipeline/list")
         pipeline = next(p for p in listing["pipelines"] if p["name"] == PIPELINE_NAME)
-        fields = {k: pipeline.get(k) for k in (
-            "name", "language", "conversation_engine", "conversation_language", "stt_engine",
-            "stt_language", "tts_engine", "tts_language", "tts_voice", "wake_word_entity",
-            "wake_word_id")}
         await self.ha.ws("assist_pipeline/pipeline/update", pipeline_id=pipeline["id"],
-                         **fields, prefer_local_intents=prefer_local)
+                         **pipeline_fields(prefer_local))
         return pipeline["id"]
 
     async def run_mode(self, mode: str, say) -> list[dict[str, Any]]:
@@ -98,13 +102,11 @@ class Bench:
         conversations: dict[str, str | None] = {}
         results = []
         for case in self.spec["cases"]:
-            if "after" in case:
-                conversation = conversations.get(case["after"])
-                before = await self.states()
-            else:
-                conversation = None
+            # a follow-up continues its conversation from the lights as that turn left them
+            conversation = conversations.get(case["after"]) if "after" in case else None
+            if "after" not in case:
                 await self.set_lights(case.get("setup") or {})
-                before = await self.states()
+            before = await self.states()
             t0 = time.monotonic()
             try:
                 turn = await self.ha.pipeline_turn(case["text"], pipeline_id,
@@ -143,13 +145,6 @@ async def keep_busy(server_url: str, n: int, stop: asyncio.Event) -> None:
             await asyncio.sleep(1)
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
-
-
 def summary(results: list[dict[str, Any]], model: str, busy: int) -> str:
     kinds = list(dict.fromkeys(r["kind"] for r in results))
     lines = [f"Model: `{model}`; background jobs running: {busy}; cases: "
@@ -165,7 +160,7 @@ def summary(results: list[dict[str, Any]], model: str, busy: int) -> str:
         model_t = [r["seconds"] for r in rows if not r["local"]]
 
         def span(v: list[float]) -> str:
-            return "–" if not v else f"{pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} s"
+            return "–" if not v else f"{percentile(v, 50):.2f} / {percentile(v, 95):.2f} s"
 
         lines.append(f"| {mode} | {sum(r['passed'] for r in rows)}/{len(rows)} | "
                      + " | ".join(f"{by_kind[k]}/{total[k]}" for k in kinds)
@@ -181,7 +176,7 @@ async def bench(args: argparse.Namespace, ha_url: str, server_url: str, say) -> 
         stop = asyncio.Event()
         busy = asyncio.create_task(keep_busy(server_url, args.busy, stop)) if args.busy else None
         try:
-            b = Bench(ha, spec, server_url)
+            b = Bench(ha, spec)
             results = []
             for mode in args.modes.split(","):
                 results += await b.run_mode(mode, say)

@@ -345,6 +345,16 @@ async def _ensure_areas(ha: HomeAssistantClient) -> None:
                     area_id=areas[key(name)])
 
 
+def pipeline_fields(prefer_local_intents: bool) -> dict[str, Any]:
+    """Every field of the demo's pipeline, as pipeline/create and pipeline/update take them."""
+    return dict(
+        name=PIPELINE_NAME, language="en", conversation_engine=AGENT_ID,
+        conversation_language="en", stt_engine=None, stt_language=None, tts_engine=None,
+        tts_language=None, tts_voice=None, wake_word_entity=None, wake_word_id=None,
+        prefer_local_intents=prefer_local_intents,
+    )
+
+
 async def _ensure_pipeline(ha: HomeAssistantClient) -> str:
     """An Assist pipeline whose conversation agent is Hearth, made the preferred one. It prefers
     local intents, as the README recommends: a command Home Assistant's own sentences match
@@ -352,12 +362,7 @@ async def _ensure_pipeline(ha: HomeAssistantClient) -> str:
     command they do not know) goes to Hearth, tagged voice when a satellite sends it."""
     listing = await ha.ws("assist_pipeline/pipeline/list")
     pipeline = next((p for p in listing["pipelines"] if p["name"] == PIPELINE_NAME), None)
-    fields = dict(
-        name=PIPELINE_NAME, language="en", conversation_engine=AGENT_ID,
-        conversation_language="en", stt_engine=None, stt_language=None, tts_engine=None,
-        tts_language=None, tts_voice=None, wake_word_entity=None, wake_word_id=None,
-        prefer_local_intents=True,
-    )
+    fields = pipeline_fields(prefer_local_intents=True)
     if pipeline is None:
         pipeline = await ha.ws("assist_pipeline/pipeline/create", **fields)
     elif not pipeline.get("prefer_local_intents"):  # made by an earlier demo
