@@ -5,6 +5,7 @@ llama.cpp only in the scheduler tests; the real path is tested with the real mod
 from __future__ import annotations
 
 import hashlib
+import heapq
 
 from hearth.engine import EngineConfig, EngineCore
 from hearth.requests import Request, SamplingParams
@@ -41,6 +42,7 @@ class SimBackend:
         self.cells: dict[int, dict[int, int]] = {}  # seq -> pos -> cell id
         self.refs: dict[int, int] = {}  # cell id -> sequences using it
         self._next_cell = 0
+        self._free_cells: list[int] = []  # freed cell ids: the lowest is used first
         self.batches: list[dict] = []  # what each decode contained
         self.abort_requested = False
         self.refusals = 0  # decodes refused for want of cells (the KV protocol should prevent)
@@ -69,19 +71,31 @@ class SimBackend:
             ctx = self._ctx.setdefault(s, [])
             if p in cells:
                 self._unref(cells[p])
-            cells[p] = self._next_cell
-            self.refs[self._next_cell] = 1
-            self._next_cell += 1
+            cells[p] = self._new_cell()
             del ctx[p:]
             ctx.append(tok)
             if out:
                 self._outputs[i] = tuple(ctx)
         return 0
 
+    def _new_cell(self) -> int:
+        if self._free_cells:
+            cell = heapq.heappop(self._free_cells)
+        else:
+            cell, self._next_cell = self._next_cell, self._next_cell + 1
+        self.refs[cell] = 1
+        return cell
+
     def _unref(self, cell: int) -> None:
         self.refs[cell] -= 1
         if self.refs[cell] == 0:
             del self.refs[cell]
+            heapq.heappush(self._free_cells, cell)
+
+    @property
+    def cells_spanned(self) -> int:
+        """Cells up to the highest in use: what llama.cpp's attention runs over."""
+        return max(self.refs, default=-1) + 1
 
     def new_sampler(self, p: SamplingParams) -> _Sampler:
         return _Sampler(p.seed or 0)
@@ -113,6 +127,21 @@ class SimBackend:
 
     def seq_pos_max(self, seq: int) -> int:
         return max(self.cells.get(seq, {}), default=-1)
+
+    def seq_state_get(self, seq: int):
+        cells = self.cells.get(seq)
+        if not cells:
+            return None
+        return sorted(cells), list(self._ctx.get(seq, []))
+
+    def seq_state_set(self, seq: int, data) -> bool:
+        positions, ctx = data
+        self.seq_rm(seq)
+        if self.used + len(positions) > self.n_ctx:
+            return False
+        self.cells[seq] = {p: self._new_cell() for p in positions}
+        self._ctx[seq] = list(ctx)
+        return True
 
     def is_eog(self, token: int) -> bool:
         return token == EOG

@@ -80,6 +80,8 @@ class KVPool:
         self.hit_tokens = 0
         self.lookup_tokens = 0
         self.evictions = 0
+        self.high_water = 0  # most cells in use at once since the cache was last packed
+        self.packings = 0
 
     # -- accounting ------------------------------------------------------------------------
     @property
@@ -221,6 +223,11 @@ class KVPool:
         self.evictions += 1
         return self._remove(victim)
 
+    def forget(self, e: PrefixEntry) -> None:
+        """Drop an entry whose cells are gone (and whose sharers were forgotten first)."""
+        self._remove(e)
+        self.give_id(e.seq_id)
+
     def _remove(self, e: PrefixEntry) -> int:
         """Forget an evictable entry. Its one sharing entry, if any, owns the cells it shared
         with ``e`` from now on, except those ``e`` itself shared with its own parent: those
@@ -252,4 +259,5 @@ class KVPool:
             "token_hit_rate": self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0,
             "evictions": self.evictions,
             "cached_cells": self.cached_cells,
+            "packings": self.packings,
         }

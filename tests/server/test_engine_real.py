@@ -351,3 +351,34 @@ def test_grammar_checked_on_the_sampled_token_gives_what_the_full_grammar_gives(
     expected = _greedy_json(model, whole_vocabulary)
     assert expected.startswith('{"name": ')
     assert _greedy_json(model, ours) == expected
+
+
+def test_packed_prefix_cache_serves_the_same_continuations(model):
+    """Cached voice turns above a one-off document's freed cells are packed into the lowest
+    cells while the engine idles (llama.cpp's saved sequence state, restored); the next turn is
+    still served from the cache and continues as it does on an engine that never packed."""
+    system = "You are a voice assistant for a home. " + " ".join(
+        f"Device {i}: light.room_{i} is off in area {i % 7}." for i in range(40))
+    turns = [chat_tokens(model, q, system=system) for q in
+             ("Turn on the kitchen light.", "Is the porch light on?", "What time is it?")]
+    doc = chat_tokens(model, "Summarise: " + " ".join(f"note {i} about the garden."
+                                                      for i in range(120)))
+    results = []
+    for pack in (False, True):
+        core, b = make(model, compact_prefix_cache=pack)
+        r, s = req(doc, cls="background", max_tokens=2)
+        core.submit(r)
+        drain(core, [s])
+        for t in turns[:2]:
+            r, s = req(t, cls="voice", max_tokens=4)
+            core.submit(r)
+            drain(core, [s])
+        assert core._evict_entry(None)  # the document: its cells below the turns come free
+        assert core.idle() == pack and core.pool.packings == int(pack)
+        r, s = req(turns[2], cls="voice", max_tokens=24)
+        core.submit(r)
+        drain(core, [s])
+        assert r.cached_tokens > len(turns[2]) // 2
+        results.append(s.tokens)
+        b.close()
+    assert_parts_only_at_a_near_tie(model, turns[2], results[0], results[1])

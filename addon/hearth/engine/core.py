@@ -15,13 +15,14 @@ from ..scheduler import CLASS_RANKS, INTERACTIVE_RANK, VOICE_RANK, Policy, Polic
 from ..stats import Stats
 from .admission import Admission
 from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig, RequestError
+from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embeddings
 
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Embeddings):
+class EngineCore(Admission, Embeddings, Compaction):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -135,6 +136,14 @@ class EngineCore(Admission, Embeddings):
     def has_work(self) -> bool:
         return bool(self._inbox or self.waiting or self.running or self.embed_waiting)
 
+    def idle(self) -> bool:
+        """Called by the engine thread when it has no work: housekeeping that must not hold up
+        a request. Returns whether it did any."""
+        done = self._maybe_compact()
+        if done:
+            self._publish()
+        return done
+
     # -- the engine thread -----------------------------------------------------------------
     def step(self) -> bool:
         """One iteration. Returns False when there was nothing to do."""
@@ -157,6 +166,7 @@ class EngineCore(Admission, Embeddings):
             t0 = self.b.now()
             self._decode(items)
             spent = self.b.now() - t0
+            self._note_high_water()
         if embed:
             self._run_embeddings(self.b.now(), streaming=bool(items), spent=spent)
         self._flush_events()

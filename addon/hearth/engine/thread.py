@@ -36,6 +36,8 @@ class Engine:
         try:
             while not self._stop.is_set():
                 if not core.has_work():
+                    if core.idle():
+                        continue
                     core.wakeup.wait(0.5)
                     core.wakeup.clear()
                     continue

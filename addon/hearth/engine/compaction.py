@@ -1,0 +1,104 @@
+"""Packing the prefix cache into the lowest KV cells while the engine is idle.
+
+llama.cpp's unified KV cache attends over every cell up to the highest one in use (padded to
+256), masked or not, for every token of every batch. Cached prefixes left high in the pool by a
+burst of long prompts so tax every later decode: on SmolLM2 with 2 CPU cores, 8 streams decode
+~18 % slower with 7,000 cells in use above them, ~5 % with 2,800. llama.cpp cannot move cells,
+but a sequence's saved state (``llama_state_seq_get_data``) goes back into the lowest free
+cells: once work has freed cells below the cached ones, the idle engine saves every entry,
+clears them, and restores them in order, parents first, so entries still share the cells they
+shared (a child's own cells travel through a spare sequence id). Accounting does not change.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ..kvcache import PrefixEntry
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+
+log = logging.getLogger("hearth.engine")
+
+# Cells freed below the cached ones before packing is worth its copy: the attended range moves
+# in steps of 256 cells.
+COMPACT_MIN_FREED = 512
+
+
+class Compaction:
+    def _note_high_water(self: EngineCore) -> None:
+        self.pool.high_water = max(self.pool.high_water, self.pool.used_cells)
+
+    def _maybe_compact(self: EngineCore) -> bool:
+        """Pack the cached prefixes if the engine is idle and work has freed enough cells since
+        the last packing. Returns whether it packed."""
+        pool = self.pool
+        if (not self.cfg.compact_prefix_cache or not pool.entries or self.has_work()
+                or pool.high_water - pool.used_cells < COMPACT_MIN_FREED):
+            return False
+        spare = pool.take_id()
+        if spare is None:
+            return False
+        try:
+            t0 = self.b.now()
+            done = self._compact(spare)
+        finally:
+            pool.give_id(spare)
+        pool.high_water = pool.used_cells  # tried either way: not again until cells are freed
+        if done:
+            pool.packings += 1
+            log.debug("packed %d cached prefixes (%d cells) in %.0f ms", len(pool.entries),
+                      pool.cached_cells, 1000 * (self.b.now() - t0))
+        return done
+
+    def _compact(self: EngineCore, spare: int) -> bool:
+        """Returns False if an entry could not be saved (then nothing changed)."""
+        order = _parents_first(list(self.pool.entries.values()))
+        saved: list[tuple[PrefixEntry, int, bytes]] = []
+        for e in order:  # save everything before touching anything: a failure here costs nothing
+            start = len(e.tokens) - e.own if e.shared is not None else 0
+            if start:  # only the cells this entry adds: the rest come from its parent
+                self.b.seq_cp(e.seq_id, spare, start, -1)
+                data = self.b.seq_state_get(spare)
+                self.b.seq_rm(spare)
+            else:
+                data = self.b.seq_state_get(e.seq_id)
+            if data is None:
+                return False
+            saved.append((e, start, data))
+        for e in order:
+            self.b.seq_rm(e.seq_id)
+        lost: set[PrefixEntry] = set()
+        for e, start, data in saved:
+            if e.shared in lost or not self._restore(e, start, data, spare):
+                lost.add(e)
+        for e in reversed(order):  # children first: a lost entry's children are lost too
+            if e in lost:
+                self.b.seq_rm(e.seq_id)
+                self.pool.forget(e)
+        if lost:
+            log.warning("%d cached prefixes could not be restored while packing the KV cache; "
+                        "they will be recomputed when needed", len(lost))
+        return True
+
+    def _restore(self: EngineCore, e: PrefixEntry, start: int, data: bytes, spare: int) -> bool:
+        if not start:
+            return self.b.seq_state_set(e.seq_id, data)
+        if not self.b.seq_state_set(spare, data):
+            self.b.seq_rm(spare)
+            return False
+        self.b.seq_cp(e.shared.seq_id, e.seq_id, 0, start)  # type: ignore[union-attr]
+        self.b.seq_cp(spare, e.seq_id, start, -1)
+        self.b.seq_rm(spare)
+        return True
+
+
+def _parents_first(entries: list[PrefixEntry]) -> list[PrefixEntry]:
+    def depth(e: PrefixEntry) -> int:
+        d = 0
+        while e.shared is not None:
+            e, d = e.shared, d + 1
+        return d
+    return sorted(entries, key=depth)  # stable: LRU order within a depth
