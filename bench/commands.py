@@ -145,10 +145,12 @@ async def keep_busy(server_url: str, n: int, stop: asyncio.Event) -> None:
             await asyncio.sleep(1)
 
 
-def summary(results: list[dict[str, Any]], model: str, busy: int) -> str:
+def summary(results: list[dict[str, Any]], model: str, busy: int,
+            server_args: list[str] | None = None) -> str:
     kinds = list(dict.fromkeys(r["kind"] for r in results))
+    flags = f"; server flags: `{' '.join(server_args)}`" if server_args else ""
     lines = [f"Model: `{model}`; background jobs running: {busy}; cases: "
-             f"{CASES.relative_to(ROOT)}", "",
+             f"{CASES.relative_to(ROOT)}{flags}", "",
              "| mode | passed | " + " | ".join(kinds) + " | handled locally | local turn p50 / "
              "p95 | model turn p50 / p95 |",
              "|---|---|" + "---|" * len(kinds) + "---|---|---|"]
@@ -194,6 +196,8 @@ def main() -> int:
     p.add_argument("--modes", default="local,model", help="local, model or both")
     p.add_argument("--busy", type=int, default=0, help="background jobs kept running")
     p.add_argument("--ha-url", help="use this running demo instead of starting one")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="a flag for the Hearth server, e.g. --server-arg=--no-constrain-tool-calls")
     p.add_argument("--server-url", default="http://127.0.0.1:8080")
     p.add_argument("--username", default="hearth")
     p.add_argument("--password", default="hearth-demo")
@@ -210,7 +214,8 @@ def main() -> int:
     else:
         settings = DemoSettings(run_dir=Path(tempfile.mkdtemp(prefix="hearth-commands-")),
                                 server_port=free_port(), ha_port=free_port(), say=say,
-                                server_args=["--model", args.model] if args.model else [])
+                                server_args=(["--model", args.model] if args.model else [])
+                                + args.server_arg)
         stack = DemoStack(settings)
         stack.start()
         ha_url, server_url = settings.ha_url, settings.server_url
@@ -224,8 +229,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(
         {"model": model, "agent": AGENT_ID, "busy": args.busy, "cases": str(CASES.name),
-         "results": results}, indent=1))
-    text = summary(results, model, args.busy)
+         "server_args": args.server_arg, "results": results}, indent=1))
+    text = summary(results, model, args.busy, args.server_arg)
     (args.out / "summary.md").write_text(text)
     print(text)
     print(f"results: {args.out}")

@@ -106,6 +106,11 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    tool_argument_values: dict[str, dict[str, list[str]]] | None = Field(
+        None, description="Hearth: values a tool call's string arguments must take, by tool and "
+        "argument, e.g. {\"HassTurnOn\": {\"name\": [\"Kitchen light\"]}}. Held by the call's "
+        "grammar only (the prompt shows the tools as sent); Home Assistant's Hearth agent sends "
+        "the exposed entity and area names.")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra variables for the model's chat template, as llama-server takes "
         "them (e.g. {\"enable_thinking\": false}); voice requests default enable_thinking to "

@@ -4,6 +4,7 @@ stream chunks. Used by the HTTP handlers and by durable jobs."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +17,15 @@ from .prompts import PromptError
 from .reasoning import ReasoningSplitter, markers_for, prompt_opens
 from .requests import Event, Request, SamplingParams
 from .scheduler import VOICE_RANK
-from .tools import ToolStream, tool_call_schema, wrap_grammar
+from .tools import (
+    LAZY_CALL_TRIGGER,
+    ToolStream,
+    tool_call_schema,
+    with_argument_values,
+    wrap_grammar,
+)
+
+log = logging.getLogger(__name__)
 
 # ``response_format: json_object``: a flat object of at most six short keys and values. Any JSON
 # object grammar lets a small model nest or repeat keys until max_tokens cuts it mid-document;
@@ -42,8 +51,9 @@ class CompletionError(Exception):
         self.retry_after = retry_after
 
 
-def sampling_of(body: SamplingFields, grammar: str | None = None) -> SamplingParams:
-    p = SamplingParams(grammar=grammar)
+def sampling_of(body: SamplingFields, grammar: str | None = None,
+                trigger: str | None = None) -> SamplingParams:
+    p = SamplingParams(grammar=grammar, grammar_trigger=trigger)
     for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty"):
         v = getattr(body, name)
         if v is not None:
@@ -81,6 +91,7 @@ class Completion:
         self.reasoning: ReasoningSplitter | None = None
         self.show_reasoning = getattr(body, "reasoning_format", "none") != "hide"
         grammar = None
+        self.trigger: str | None = None  # set with a grammar that holds only once a call opens
         if self.chat:
             tokens, grammar = self._chat_prompt(body)  # type: ignore[arg-type]
             default_max = rt.settings.max_tokens_default
@@ -92,7 +103,7 @@ class Completion:
         self.request = Request(
             prompt=tokens, rank=rank, sink=self.stream,
             user=user or body.user or "anonymous", max_tokens=max_tokens, stop=body.stops(),
-            ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar),
+            ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar, self.trigger),
             reasoning=self.reasoning)
 
     # -- building --------------------------------------------------------------------------
@@ -114,14 +125,18 @@ class Completion:
                 raise CompletionError(400, "tool_choice must be none, auto, required or "
                                            "{type: function, function: {name}}",
                                       "invalid_tool_choice", "tool_choice")
+            # The grammar holds the narrowed schemas; the prompt shows the tools as sent.
+            call_tools = with_argument_values(tools, body.tool_argument_values)
             if choice == "required" or only:
                 self.forced_call = True
                 try:
-                    schema_grammar = self._schema_grammar(tool_call_schema(tools, only))
+                    schema_grammar = self._schema_grammar(tool_call_schema(call_tools, only))
                 except ValueError as e:
                     raise CompletionError(400, f"invalid tool parameters schema: {e}",
                                           "invalid_tools", "tools") from e
                 grammar = wrap_grammar(schema_grammar, "<tool_call>", "</tool_call>")
+            elif self.rt.settings.constrain_tool_calls and body.response_format is None:
+                grammar = self._lazy_call_grammar(call_tools)
             self.tools = ToolStream(names)
         elif choice not in (None, "none", "auto"):
             raise CompletionError(400, "tool_choice given without tools", "invalid_tool_choice",
@@ -140,7 +155,21 @@ class Completion:
             except ValueError as e:
                 raise CompletionError(400, str(e), "invalid_response_format",
                                       "response_format") from e
-        return self._render(body, tools, reasoning=grammar is None), grammar
+        return self._render(body, tools, reasoning=grammar is None or bool(self.trigger)), grammar
+
+    def _lazy_call_grammar(self, tools: list[dict]) -> str | None:
+        """Calls of these tools, held only once the model opens one. A schema llama.cpp
+        cannot take leaves the calls free: under "auto" the grammar is a help, not a
+        promise."""
+        try:
+            gbnf = wrap_grammar(json_schema_grammar(tool_call_schema(tools)), "<tool_call>",
+                                "</tool_call>", repeat=True)
+            check_grammar(self.rt.model, gbnf)
+        except ValueError as e:
+            log.info("tool calls left unconstrained: %s", e)
+            return None
+        self.trigger = LAZY_CALL_TRIGGER
+        return gbnf
 
     def _schema_grammar(self, schema: dict) -> str:
         """GBNF for ``schema``, tried on llama.cpp now: one it refuses is this request's 400,

@@ -376,7 +376,7 @@ class Sampler:
         self.ptr = L.llama_sampler_chain_init(cparams)
         add = lambda s: L.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
         if p.grammar:
-            self.grammar = _grammar_sampler(model, p.grammar)
+            self.grammar = _grammar_sampler(model, p.grammar, p.grammar_trigger)
             if not self.grammar:
                 self.grammar = None
                 self.close()  # before __del__ sees the pointer: a second free would crash
@@ -493,10 +493,14 @@ def _grammar_allows(grammar: Any, token: int) -> bool:
     return one[0].logit != float("-inf")
 
 
-def _grammar_sampler(model: Model, gbnf: str) -> ctypes.c_void_p | None:
-    """llama.cpp's grammar sampler for ``gbnf`` (root rule ``root``); NULL if it will not
-    parse it."""
-    return L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
+def _grammar_sampler(model: Model, gbnf: str, trigger: str | None = None) -> ctypes.c_void_p | None:
+    """llama.cpp's grammar sampler for ``gbnf`` (root rule ``root``), lazy if ``trigger`` (a
+    regex over the output so far) is given; NULL if it will not parse it."""
+    if trigger is None:
+        return L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
+    patterns = (ctypes.c_char_p * 1)(trigger.encode())
+    return L.llama_sampler_init_grammar_lazy_patterns(model.vocab, gbnf.encode(), b"root",
+                                                      patterns, 1, None, 0)
 
 
 def check_grammar(model: Model, gbnf: str) -> None:

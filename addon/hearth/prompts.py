@@ -1,6 +1,8 @@
 """Chat prompts from the model's own Jinja chat template (read from the GGUF).
 
-Fallbacks: ChatML when the GGUF carries no template (Gemma 3 270M's GGUF has none), and a
+Fallbacks: when the GGUF carries no template (Gemma 3 270M's has none), its architecture's turn
+format (Gemma's for gemma*, which has no system role: system text opens the first user turn;
+ChatML for any other), and a
 tools-in-the-system-prompt format when the template ignores ``tools`` (SmolLM2's does): the tools
 are listed as JSON in the system message and the model is asked to answer with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` — the Hermes/Qwen format, which
@@ -22,6 +24,27 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+GEMMA = (
+    "{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% set ns.system = ns.system + message['content'] + '\n\n' %}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n'"
+    " + ns.system + message['content'] + '<end_of_turn>\n' }}"
+    "{% set ns.system = '' %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+FALLBACKS = {"gemma": GEMMA}  # by the GGUF's general.architecture prefix; else ChatML
+
+
+def fallback_template(architecture: str | None) -> str:
+    return next((t for prefix, t in FALLBACKS.items()
+                 if (architecture or "").startswith(prefix)), CHATML)
+
 
 TOOLS_SYSTEM_PROMPT = (
     "You can call functions. The available functions, as JSON schemas:\n"
@@ -72,8 +95,10 @@ RESERVED_TEMPLATE_VARIABLES = frozenset(
 
 
 class ChatFormatter:
-    def __init__(self, template: str | None, bos_token: str = "", eos_token: str = ""):
-        self.source = template or CHATML
+    def __init__(self, template: str | None, bos_token: str = "", eos_token: str = "",
+                 architecture: str | None = None):
+        fallback = fallback_template(architecture)
+        self.source = template or fallback
         self.is_fallback = template is None
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
@@ -81,9 +106,9 @@ class ChatFormatter:
         env.filters.setdefault("tojson", lambda v, **kw: json.dumps(v, ensure_ascii=False, **kw))
         try:
             self.template = env.from_string(self.source)
-        except TemplateError as e:  # a broken template in a GGUF: ChatML still works
-            self.template = env.from_string(CHATML)
-            self.source, self.is_fallback = CHATML, True
+        except TemplateError as e:  # a broken template in a GGUF: the fallback still works
+            self.template = env.from_string(fallback)
+            self.source, self.is_fallback = fallback, True
             self.error = str(e)
         self.bos_token = bos_token
         self.eos_token = eos_token

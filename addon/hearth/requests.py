@@ -32,6 +32,10 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int | None = None
     grammar: str | None = None  # GBNF, root rule "root"
+    # The grammar applies only from the first match of this regex on (its first group is fed to
+    # the grammar); None: from the first token. A tool call may then be constrained without
+    # forcing one.
+    grammar_trigger: str | None = None
 
 
 @dataclass

@@ -104,7 +104,8 @@ class Runtime:
         core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
         specials = model.special_tokens()
         self.formatter = ChatFormatter(model.chat_template(), specials.get("bos_token", ""),
-                                       specials.get("eos_token", ""))
+                                       specials.get("eos_token", ""),
+                                       model.meta("general.architecture"))
         self.model, self.backend, self.core = model, backend, core
         self.model_id = path.stem
         self.engine = Engine(core, on_death=self._engine_died)

@@ -10,6 +10,7 @@ Two output styles are understood:
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import uuid
@@ -134,6 +135,27 @@ class ToolStream:
 
 
 # -- grammars -------------------------------------------------------------------------------
+def with_argument_values(tools: list[dict[str, Any]],
+                         values: dict[str, dict[str, list[str]]] | None) -> list[dict[str, Any]]:
+    """The tools with each listed argument's schema narrowed to an enum of its values (a copy;
+    arguments a tool does not have, and empty lists, are ignored)."""
+    if not values:
+        return tools
+    out = []
+    for t in tools:
+        fn = t.get("function", t)
+        narrow = values.get(fn.get("name"), {})
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        if any(v and isinstance(props.get(a), dict) for a, v in narrow.items()):
+            t = copy.deepcopy(t)
+            props = t["function"]["parameters"]["properties"]
+            for arg, allowed in narrow.items():
+                if allowed and isinstance(props.get(arg), dict):
+                    props[arg] = {"type": "string", "enum": list(dict.fromkeys(allowed))}
+        out.append(t)
+    return out
+
+
 def tool_call_schema(tools: list[dict[str, Any]], only: str | None = None) -> dict[str, Any]:
     """JSON schema of one call: ``{"name": <one of the tools>, "arguments": <its params>}``."""
     variants = []
@@ -150,7 +172,18 @@ def tool_call_schema(tools: list[dict[str, Any]], only: str | None = None) -> di
     return variants[0] if len(variants) == 1 else {"oneOf": variants}
 
 
-def wrap_grammar(gbnf: str, prefix: str, suffix: str) -> str:
-    """Rename a grammar's root to ``body`` and put literal text around it."""
+def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> str:
+    """Rename a grammar's root to ``body`` and put literal text around it (``repeat``: one or
+    more times, whitespace between)."""
     renamed = re.sub(r"^root\s*::=", "body ::=", gbnf, flags=re.M)
-    return f"root ::= {json.dumps(prefix)} body {json.dumps(suffix)}\n{renamed}"
+    one = f"{json.dumps(prefix)} body {json.dumps(suffix)}"
+    if repeat:
+        return f"root ::= hearth-call ([ \\t\\n]* hearth-call)*\nhearth-call ::= {one}\n{renamed}"
+    return f"root ::= {one}\n{renamed}"
+
+
+# Under tool_choice "auto" the model chooses freely whether to call; from the moment it opens
+# a Hermes-style call the call's grammar holds, so the call parses and its arguments keep to
+# the tool's schema (an enum of exposed names, say). Models writing another style are not
+# constrained.
+LAZY_CALL_TRIGGER = r"[\s\S]*?(<tool_call>[\s\S]*)"

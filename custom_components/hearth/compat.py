@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from homeassistant.core import HomeAssistant
 from homeassistant.helpers import device_registry as dr
 
 try:  # Home Assistant >= 2026.9 validates with probatio and no longer ships voluptuous_openapi
@@ -61,3 +62,23 @@ def device_link(parent_id: str, parent_identifier: tuple[str, str]) -> dict[str,
     if _VIA_DEVICE_ID:
         return {"via_device_id": parent_id}
     return {"via_device": parent_identifier}
+
+
+def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
+    """The entity names (with aliases) and area names (with aliases) that the Assist API puts
+    in the prompt for ``assistant``: what a tool call may name."""
+    try:  # Home Assistant >= 2026.3: the Assist API lives in the homeassistant component
+        from homeassistant.components.homeassistant.llm import async_get_exposed_entities
+
+        infos = list(async_get_exposed_entities(hass, assistant, include_state=False).values())
+    except ImportError:  # pragma: no cover - exercised on the oldest release's test run
+        from homeassistant.helpers.llm import _get_exposed_entities
+
+        found = _get_exposed_entities(hass, assistant, include_state=False)
+        infos = list(found.get("entities", {}).values())
+    names: dict[str, None] = {}
+    areas: dict[str, None] = {}
+    for info in infos:  # both releases join a field's names with ", " for the prompt
+        names.update(dict.fromkeys(n for n in info.get("names", "").split(", ") if n))
+        areas.update(dict.fromkeys(a for a in info.get("areas", "").split(", ") if a))
+    return list(names), list(areas)

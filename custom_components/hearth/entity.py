@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import voluptuous as vol
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
+from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import llm
@@ -19,7 +20,7 @@ from homeassistant.util import slugify
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .compat import device_link, schema_to_openapi, tool_result_message
+from .compat import device_link, exposed_names, schema_to_openapi, tool_result_message
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -77,6 +78,25 @@ def _format_tool(
     if tool.description:
         function["description"] = tool.description
     return {"type": "function", "function": function}
+
+
+def intent_argument_values(
+    hass: HomeAssistant, llm_api: llm.APIInstance, formatted: list[dict[str, Any]]
+) -> dict[str, dict[str, list[str]]]:
+    """For each intent tool, the values its ``name`` and ``area`` arguments may take: the
+    exposed entity and area names. The server holds a call the model opens to them, so a small
+    model cannot name a light that does not exist (it may still answer without a call)."""
+    names, areas = exposed_names(hass, llm_api.llm_context.assistant or "conversation")
+    values: dict[str, dict[str, list[str]]] = {}
+    for tool, described in zip(llm_api.tools, formatted, strict=True):
+        base = getattr(tool, "tool", tool)  # a namespaced tool wraps the original
+        if not isinstance(base, llm.IntentTool):
+            continue
+        keys = described["function"]["parameters"].get("properties") or {}
+        narrow = {arg: v for arg, v in (("name", names), ("area", areas)) if arg in keys and v}
+        if narrow:
+            values[tool.name] = narrow
+    return values
 
 
 def _strict_schema(schema: dict[str, Any]) -> None:
@@ -280,11 +300,13 @@ class HearthBaseLLMEntity(Entity):
         data = self.entry.runtime_data
 
         tools: list[dict[str, Any]] | None = None
+        argument_values: dict[str, dict[str, list[str]]] = {}
         if chat_log.llm_api:
             tools = [
                 _format_tool(tool, chat_log.llm_api.custom_serializer)
                 for tool in chat_log.llm_api.tools
             ]
+            argument_values = intent_argument_values(self.hass, chat_log.llm_api, tools)
 
         # No "model": the server serves one model, so swapping it needs no reconfiguration.
         body: dict[str, Any] = {
@@ -298,6 +320,8 @@ class HearthBaseLLMEntity(Entity):
         if tools:
             body["tools"] = tools
             body["tool_choice"] = "auto"
+            if argument_values:
+                body["tool_argument_values"] = argument_values
         if structure:
             body["response_format"] = format_response_format(
                 structure_name or "result", structure, chat_log.llm_api

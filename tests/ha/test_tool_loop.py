@@ -12,6 +12,8 @@ from homeassistant.components import conversation
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.const import CONF_LLM_HASS_API, STATE_OFF, STATE_ON
 from homeassistant.core import Context, HomeAssistant
+from homeassistant.helpers import area_registry as ar
+from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
@@ -142,6 +144,46 @@ async def test_namespaced_tools_from_two_apis(
     assert tool_name.startswith("assist__")
     _, second = fake_hearth.chat_requests[1]
     assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == tool_name
+    # Only Assist's intent tools get exposed names to keep to; the other API's are left free.
+    assert set(first["tool_argument_values"]) >= {tool_name}
+    shadow = {t["function"]["name"] for t in first["tools"]
+              if t["function"].get("description") == SHADOW_DESCRIPTION}
+    assert shadow and not shadow & set(first["tool_argument_values"])
+
+
+async def test_tool_arguments_are_held_to_exposed_names(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+) -> None:
+    """The agent tells the server which values each intent tool's ``name`` and ``area`` may
+    take: the exposed entities' names and their areas' names and aliases (what the prompt
+    lists), and nothing of an entity that is not exposed."""
+    porch = ar.async_get(hass).async_create("Porch", aliases={"Outside"})
+    ent_reg = er.async_get(hass)
+    entry = ent_reg.async_get_or_create(
+        "light", "test", "porch", suggested_object_id="porch", original_name="Porch light"
+    )
+    ent_reg.async_update_entity(entry.entity_id, area_id=porch.id)
+    hass.states.async_set(entry.entity_id, STATE_OFF, {"friendly_name": "Porch light"})
+    async_expose_entity(hass, "conversation", entry.entity_id, True)
+    hidden = ent_reg.async_get_or_create("light", "test", "garage", suggested_object_id="garage")
+    hass.states.async_set(hidden.entity_id, STATE_OFF, {"friendly_name": "Garage heater"})
+    async_expose_entity(hass, "conversation", hidden.entity_id, False)
+
+    await conversation.async_converse(
+        hass, "Turn on the kitchen light", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+
+    _, first = fake_hearth.chat_requests[0]
+    values = first["tool_argument_values"][turn_on_tool(first)]
+    assert set(values["name"]) == {"Kitchen light", "Porch light"}
+    assert set(values["area"]) == {"Porch", "Outside"}
+    for tool_values in first["tool_argument_values"].values():
+        assert "Garage heater" not in tool_values.get("name", [])
 
 
 async def test_tool_loop_is_bounded(

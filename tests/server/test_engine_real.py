@@ -94,9 +94,13 @@ def solo_logits(model, tokens: list[int]) -> np.ndarray:
     """Logits after ``tokens`` computed for that sequence alone, in a fresh context."""
     ctx = Context(model, ContextParams(n_ctx=4096, n_seq_max=1, n_batch=512, n_ubatch=128))
     try:
-        n = len(tokens)
-        assert ctx.decode(tokens, list(range(n)), [0] * n, [False] * (n - 1) + [True]) == 0
-        return np.ctypeslib.as_array(ctx.logits(n - 1), shape=(model.n_vocab,)).copy()
+        n, step = len(tokens), ctx.n_batch
+        for p0 in range(0, n, step):
+            part = tokens[p0:p0 + step]
+            last = p0 + len(part) == n
+            assert ctx.decode(part, list(range(p0, p0 + len(part))), [0] * len(part),
+                              [False] * (len(part) - 1) + [last]) == 0
+        return np.ctypeslib.as_array(ctx.logits((n - 1) % step), shape=(model.n_vocab,)).copy()
     finally:
         ctx.close()
 
@@ -314,14 +318,19 @@ def _greedy_json(model, sample_with) -> str:
     grammar = json_schema_grammar({"type": "object", "properties": {
         "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
         "required": ["name", "age", "city"]})
+    return _greedy(model, "Describe a person as JSON: ", lambda ctx: sample_with(ctx, grammar))
+
+
+def _greedy(model, text: str, sample_with, n: int = 40) -> str:
+    """``n`` greedy tokens after ``text``, sampled by ``sample_with(ctx)``."""
     ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=2, n_batch=256, n_threads=2))
     try:
-        prompt = model.tokenize("Describe a person as JSON: ")
+        prompt = model.tokenize(text)
         ctx.decode(prompt, list(range(len(prompt))), [0] * len(prompt),
                    [False] * (len(prompt) - 1) + [True])
-        sample = sample_with(ctx, grammar)
+        sample = sample_with(ctx)
         out, pos, row = [], len(prompt), len(prompt) - 1
-        for _ in range(40):
+        for _ in range(n):
             out.append(sample(row))
             ctx.decode([out[-1]], [pos], [0], [True])
             pos, row = pos + 1, 0
@@ -382,3 +391,52 @@ def test_packed_prefix_cache_serves_the_same_continuations(model):
         results.append(s.tokens)
         b.close()
     assert_parts_only_at_a_near_tie(model, turns[2], results[0], results[1])
+
+
+def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
+    """Under tool_choice "auto" the call grammar waits for ``<tool_call>``: an answer without a
+    call comes out token for token as without a grammar, and a call the model opens names
+    only an allowed entity, where the model left alone copies an unknown one."""
+    import json as _json
+
+    from hearth.llama_adapter import Sampler, json_schema_grammar
+    from hearth.tools import (
+        LAZY_CALL_TRIGGER,
+        parse_tool_calls,
+        tool_call_schema,
+        with_argument_values,
+        wrap_grammar,
+    )
+
+    tools = with_argument_values([{"type": "function", "function": {
+        "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
+            "name": {"type": "string"}}, "required": ["name"]}}}],
+        {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
+    grammar = wrap_grammar(json_schema_grammar(tool_call_schema(tools)), "<tool_call>",
+                           "</tool_call>", repeat=True)
+
+    def free(ctx):
+        s = Sampler(model, SamplingParams(temperature=0))
+        return lambda row: s.sample(ctx, row)
+
+    def lazy(ctx):
+        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                          grammar_trigger=LAZY_CALL_TRIGGER))
+        return lambda row: s.sample(ctx, row)
+
+    question = "Question: What is the capital of France?\nAnswer:"
+    answer = _greedy(model, question, free)
+    assert "<tool_call>" not in answer
+    assert _greedy(model, question, lazy) == answer
+
+    example = ('<tool_call>{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}'
+               "</tool_call>")
+    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
+              "Command: Turn on the garage heater.\nCall:"
+    copied = _greedy(model, command, free)
+    assert "Garage heater" in copied.split("\n")[0], copied  # the model names what it was told
+    held = _greedy(model, command, lazy)
+    _, calls = parse_tool_calls(held.split("\n")[0].strip())
+    assert calls, held
+    args = _json.loads(calls[0]["function"]["arguments"])
+    assert args["name"] in {"Kitchen light", "Porch light"}

@@ -18,6 +18,24 @@ def test_missing_template_falls_back_to_chatml():
     assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_gemma_without_template_gets_gemma_turns_with_the_system_text_in_the_first():
+    """Gemma 3 270M's GGUF has no template; ChatML's markers mean nothing to it (its answers
+    were noise). Gemma has no system role: the system text opens the first user turn."""
+    f = ChatFormatter(None, architecture="gemma3")
+    assert f.is_fallback
+    out = f.render([{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": "light on"}], tools=TOOLS)
+    turns = out.split("<end_of_turn>\n")
+    assert turns[0].startswith("<start_of_turn>user\nBe brief.")
+    assert "<tools>" in turns[0] and turns[0].endswith("hi")
+    assert turns[1] == "<start_of_turn>model\nHello."
+    assert turns[2] == "<start_of_turn>user\nlight on"
+    assert turns[3] == "<start_of_turn>model\n"
+    assert "<|im_start|>" not in out and "system" not in out.split("\n")[0]
+
+
 def test_template_without_tools_gets_tools_in_the_system_prompt():
     f = ChatFormatter(CHATML)
     assert not f.native_tools
