@@ -53,10 +53,10 @@ class LlamaBackend:
     def seq_pos_max(self, seq: int) -> int:
         return self.ctx.seq_pos_max(seq)
 
-    def seq_state_get(self, seq: int) -> bytes | None:
+    def seq_state_get(self, seq: int) -> Any:
         return self.ctx.seq_state_get(seq)
 
-    def seq_state_set(self, seq: int, data: bytes) -> bool:
+    def seq_state_set(self, seq: int, data: Any) -> bool:
         return self.ctx.seq_state_set(seq, data)
 
     def is_eog(self, token: int) -> bool:

@@ -330,20 +330,21 @@ class Context:
     def clear(self) -> None:
         L.llama_memory_clear(self.mem, True)
 
-    def seq_state_get(self, seq: int) -> bytes | None:
-        """A sequence's cells (positions and K/V) as llama.cpp serialises them; None if empty."""
+    def seq_state_get(self, seq: int) -> tuple[ctypes.Array, int] | None:
+        """A sequence's cells (positions and K/V) as llama.cpp serialises them (a buffer and
+        its length, not copied again); None if empty."""
         size = L.llama_state_seq_get_size(self.ptr, seq)
         if size == 0:
             return None
         buf = (ctypes.c_uint8 * size)()
         n = L.llama_state_seq_get_data(self.ptr, buf, size, seq)
-        return bytes(buf)[:n] if n else None
+        return (buf, n) if n else None
 
-    def seq_state_set(self, seq: int, data: bytes) -> bool:
+    def seq_state_set(self, seq: int, data: tuple[ctypes.Array, int]) -> bool:
         """Put cells saved by :meth:`seq_state_get` back as ``seq`` (its old cells go first);
         llama.cpp places them in the lowest free cells."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return L.llama_state_seq_set_data(self.ptr, buf, len(data), seq) == len(data)
+        buf, n = data
+        return L.llama_state_seq_set_data(self.ptr, buf, n, seq) == n
 
     # -- outputs -----------------------------------------------------------------------------
     def logits(self, i: int) -> ctypes.Array:

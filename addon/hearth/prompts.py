@@ -31,11 +31,17 @@ GEMMA = (
     "{% if message['role'] == 'system' %}"
     "{% set ns.system = ns.system + message['content'] + '\n\n' %}"
     "{% else %}"
+    "{% if ns.system and message['role'] == 'assistant' %}"
+    "{{ '<start_of_turn>user\n' + ns.system | trim + '<end_of_turn>\n' }}"
+    "{% set ns.system = '' %}"
+    "{% endif %}"
     "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n'"
     " + ns.system + message['content'] + '<end_of_turn>\n' }}"
     "{% set ns.system = '' %}"
     "{% endif %}"
     "{% endfor %}"
+    "{% if ns.system %}{{ '<start_of_turn>user\n' + ns.system | trim + '<end_of_turn>\n' }}"
+    "{% endif %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 FALLBACKS = {"gemma": GEMMA}  # by the GGUF's general.architecture prefix; else ChatML

@@ -177,7 +177,9 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
     more times, whitespace between)."""
     renamed = re.sub(r"^root\s*::=", "body ::=", gbnf, flags=re.M)
     one = f"{json.dumps(prefix)} body {json.dumps(suffix)}"
-    if repeat:
+    if repeat:  # also whitespace inside the markers: the token that completes the trigger may
+        # carry a newline past it ("<tool_call>\n{"), which a grammar must accept
+        one = f"{json.dumps(prefix)} [ \\t\\n]* body [ \\t\\n]* {json.dumps(suffix)}"
         return f"root ::= hearth-call ([ \\t\\n]* hearth-call)*\nhearth-call ::= {one}\n{renamed}"
     return f"root ::= {one}\n{renamed}"
 
@@ -186,4 +188,7 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 # a Hermes-style call the call's grammar holds, so the call parses and its arguments keep to
 # the tool's schema (an enum of exposed names, say). Models writing another style are not
 # constrained.
-LAZY_CALL_TRIGGER = r"[\s\S]*?(<tool_call>[\s\S]*)"
+# A plain pattern: llama.cpp then feeds the grammar from the match. A pattern with a leading
+# [\s\S]*? group is searched over the whole output at every token (seconds per token after a
+# few hundred tokens).
+LAZY_CALL_TRIGGER = "<tool_call>"

@@ -90,7 +90,8 @@ def intent_argument_values(
     values: dict[str, dict[str, list[str]]] = {}
     for tool, described in zip(llm_api.tools, formatted, strict=True):
         base = getattr(tool, "tool", tool)  # a namespaced tool wraps the original
-        if not isinstance(base, llm.IntentTool):
+        # Timer intents use ``name`` for the timer's own name, not an entity's.
+        if not isinstance(base, llm.IntentTool) or "Timer" in base.name:
             continue
         keys = described["function"]["parameters"].get("properties") or {}
         narrow = {arg: v for arg, v in (("name", names), ("area", areas)) if arg in keys and v}

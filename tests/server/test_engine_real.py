@@ -440,3 +440,12 @@ def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
     assert calls, held
     args = _json.loads(calls[0]["function"]["arguments"])
     assert args["name"] in {"Kitchen light", "Porch light"}
+
+    # The token that completes the trigger may carry a newline past it: the grammar takes it
+    # (a grammar refusing a replayed token aborts the process inside llama.cpp).
+    s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                      grammar_trigger=LAZY_CALL_TRIGGER))
+    for t in model.tokenize('Sure. <tool_call>\n{"name": "HassTurnOn", "arguments": '
+                            '{"name": "Porch light"}}\n</tool_call>', add_special=False):
+        s.accept(t)
+    s.close()

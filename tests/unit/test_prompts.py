@@ -34,6 +34,14 @@ def test_a_gemma_without_template_gets_gemma_turns_with_the_system_text_in_the_f
     assert turns[2] == "<start_of_turn>user\nlight on"
     assert turns[3] == "<start_of_turn>model\n"
     assert "<|im_start|>" not in out and "system" not in out.split("\n")[0]
+    # A system message with no user turn after it is its own user turn, never dropped or
+    # spoken by the model.
+    alone = f.render([{"role": "system", "content": "Be brief."}])
+    assert alone == "<start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n"
+    before_model = f.render([{"role": "system", "content": "Be brief."},
+                             {"role": "assistant", "content": "Hello."}])
+    assert before_model.startswith("<start_of_turn>user\nBe brief.<end_of_turn>\n"
+                                   "<start_of_turn>model\nHello.")
 
 
 def test_template_without_tools_gets_tools_in_the_system_prompt():

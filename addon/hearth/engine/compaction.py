@@ -56,15 +56,20 @@ class Compaction:
     def _compact(self: EngineCore, spare: int) -> bool:
         """Returns False if an entry could not be saved (then nothing changed)."""
         order = _parents_first(list(self.pool.entries.values()))
-        saved: list[tuple[PrefixEntry, int, bytes]] = []
+        saved: list[tuple[PrefixEntry, int, object]] = []
         for e in order:  # save everything before touching anything: a failure here costs nothing
             start = len(e.tokens) - e.own if e.shared is not None else 0
-            if start:  # only the cells this entry adds: the rest come from its parent
-                self.b.seq_cp(e.seq_id, spare, start, -1)
-                data = self.b.seq_state_get(spare)
+            try:
+                if start:  # only the cells this entry adds: the rest come from its parent
+                    self.b.seq_cp(e.seq_id, spare, start, -1)
+                    data = self.b.seq_state_get(spare)
+                else:
+                    data = self.b.seq_state_get(e.seq_id)
+            except Exception:  # e.g. no memory for the copies: packing is only an optimisation
+                log.exception("could not save the cached prefixes for packing")
+                data = None
+            finally:
                 self.b.seq_rm(spare)
-            else:
-                data = self.b.seq_state_get(e.seq_id)
             if data is None:
                 return False
             saved.append((e, start, data))
@@ -72,7 +77,12 @@ class Compaction:
             self.b.seq_rm(e.seq_id)
         lost: set[PrefixEntry] = set()
         for e, start, data in saved:
-            if e.shared in lost or not self._restore(e, start, data, spare):
+            try:
+                if e.shared in lost or not self._restore(e, start, data, spare):
+                    lost.add(e)
+            except Exception:
+                log.exception("could not restore a cached prefix while packing")
+                self.b.seq_rm(spare)
                 lost.add(e)
         for e in reversed(order):  # children first: a lost entry's children are lost too
             if e in lost:
@@ -83,7 +93,7 @@ class Compaction:
                         "they will be recomputed when needed", len(lost))
         return True
 
-    def _restore(self: EngineCore, e: PrefixEntry, start: int, data: bytes, spare: int) -> bool:
+    def _restore(self: EngineCore, e: PrefixEntry, start: int, data: object, spare: int) -> bool:
         if not start:
             return self.b.seq_state_set(e.seq_id, data)
         if not self.b.seq_state_set(spare, data):
