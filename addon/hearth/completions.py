@@ -162,14 +162,12 @@ class Completion:
         cannot take leaves the calls free: under "auto" the grammar is a help, not a
         promise."""
         try:
-            gbnf = wrap_grammar(json_schema_grammar(tool_call_schema(tools)), "<tool_call>",
-                                "</tool_call>", repeat=True)
-            check_grammar(self.rt.model, gbnf)
+            body = self._schema_grammar(tool_call_schema(tools))
         except ValueError as e:
             log.info("tool calls left unconstrained: %s", e)
             return None
         self.trigger = LAZY_CALL_TRIGGER
-        return gbnf
+        return wrap_grammar(body, "<tool_call>", "</tool_call>", repeat=True)
 
     def _schema_grammar(self, schema: dict) -> str:
         """GBNF for ``schema``, tried on llama.cpp now: one it refuses is this request's 400,

@@ -223,10 +223,10 @@ class KVPool:
         self.evictions += 1
         return self._remove(victim)
 
-    def forget(self, e: PrefixEntry) -> None:
-        """Drop an entry whose cells are gone (and whose sharers were forgotten first)."""
-        self._remove(e)
-        self.give_id(e.seq_id)
+    def forget(self, e: PrefixEntry) -> int:
+        """Drop an entry whose cells are gone (its sharers forgotten first); returns its seq id,
+        which the caller clears and gives back, as after :meth:`evict`."""
+        return self._remove(e)
 
     def _remove(self, e: PrefixEntry) -> int:
         """Forget an evictable entry. Its one sharing entry, if any, owns the cells it shared

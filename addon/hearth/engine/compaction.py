@@ -86,8 +86,7 @@ class Compaction:
                 lost.add(e)
         for e in reversed(order):  # children first: a lost entry's children are lost too
             if e in lost:
-                self.b.seq_rm(e.seq_id)
-                self.pool.forget(e)
+                self._drop_seq(self.pool.forget(e))
         if lost:
             log.warning("%d cached prefixes could not be restored while packing the KV cache; "
                         "they will be recomputed when needed", len(lost))
