@@ -23,8 +23,12 @@ parent), so no cell is ever counted twice.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
+
+from .policy.cache import CachePolicy
+from .scheduler import RANK_NAMES
 
 
 @dataclass(eq=False)
@@ -35,7 +39,8 @@ class PrefixEntry:
     shared: PrefixEntry | None = None  # the entry its first cells are shared with
     sharers: set = field(default_factory=set)  # objects (requests/entries) sharing our cells
     hits: int = 0
-    rank: int = 99  # the best class it served a hit to: a lower class may not evict it
+    rank: int = 99  # the best class that left it or was served by it (see policy.cache)
+    born: float = 0.0  # when its first tokens were cached (engine clock)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -65,8 +70,10 @@ INDEX_LEN = 16  # a shared prefix shorter than this is not worth a lookup
 
 
 class KVPool:
-    def __init__(self, n_ctx: int, n_seq_max: int, max_entries: int, enabled: bool = True):
+    def __init__(self, n_ctx: int, n_seq_max: int, max_entries: int, enabled: bool = True,
+                 kept_cells: int = 0):
         self.n_ctx = n_ctx
+        self.policy = CachePolicy(kept_cells)
         self.free_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
         self.entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # LRU order
         self.max_entries = max_entries if enabled else 0
@@ -80,6 +87,9 @@ class KVPool:
         self.hit_tokens = 0
         self.lookup_tokens = 0
         self.evictions = 0
+        # By the class of the request looking up: the voice hit rate is the one that matters.
+        self.lookups_by: defaultdict[int, int] = defaultdict(int)
+        self.hits_by: defaultdict[int, int] = defaultdict(int)
         self.high_water = 0  # most cells in use at once since the cache was last packed
         self.packings = 0
 
@@ -157,18 +167,22 @@ class KVPool:
         if count:
             self.lookups += 1
             self.lookup_tokens += n_tokens
+            self.lookups_by[rank] += 1
             if entry is not None and hit > 0:
                 self.hits += 1
                 self.hit_tokens += hit
+                self.hits_by[rank] += 1
 
-    def insert(self, seq_id: int, tokens: list[int], own: int,
-               shared: PrefixEntry | None) -> list[int]:
-        """Keep a finished sequence's cells as a cached prefix. Returns seq ids the caller must
-        clear (``seq_rm``) and give back: entries this one supersedes, and LRU overflow."""
+    def insert(self, seq_id: int, tokens: list[int], own: int, shared: PrefixEntry | None,
+               rank: int = 99, now: float = 0.0) -> list[int]:
+        """Keep the cells of a sequence a request of class ``rank`` left as a cached prefix.
+        Returns seq ids the caller must clear (``seq_rm``) and give back: entries this one
+        supersedes, and overflow past ``max_entries``."""
         drop: list[int] = []
         if self.max_entries == 0:
             return [seq_id]
-        entry = PrefixEntry(seq_id=seq_id, tokens=tokens, own=own, shared=shared)
+        entry = PrefixEntry(seq_id=seq_id, tokens=tokens, own=own, shared=shared, rank=rank,
+                            born=now)
         if shared is not None:
             shared.sharers.add(entry)
         for e in list(self._candidates(tokens)):
@@ -177,10 +191,12 @@ class KVPool:
             if (len(e.tokens) <= len(tokens) and self.evictable(e)
                     and common_prefix(e.tokens, tokens) == len(e.tokens)):
                 entry.hits = max(entry.hits, e.hits)
+                entry.rank = min(entry.rank, e.rank)
+                entry.born = min(entry.born, e.born)
                 drop.append(self._remove(e))
         self._add(entry)
         while len(self.entries) > self.max_entries:
-            seq = self.evict(avoid=entry)
+            seq = self.evict(avoid=entry, rank=rank)
             if seq is None:  # all in use: the newest (shared by nothing yet) goes instead
                 drop.append(self._remove(entry))
                 break
@@ -198,28 +214,27 @@ class KVPool:
             entries += 1
         return entries <= 1
 
-    @staticmethod
-    def yields_to(e: PrefixEntry, rank: int | None) -> bool:
+    def kept(self) -> set[int]:
+        """Seq ids of the interactive entries within the kept budget (:mod:`.policy.cache`)."""
+        return self.policy.kept(self.entries.values())
+
+    def yields_to(self, e: PrefixEntry, rank: int | None, kept: set[int]) -> bool:
         """Whether a request of class ``rank`` (None: the engine itself) may make room by
-        giving ``e`` up: not an entry that serves hits to a higher class. A background
-        summary waits rather than cost the next voice turn its cached system prompt."""
-        return rank is None or e.hits == 0 or e.rank >= rank
+        giving ``e`` up: a background summary waits rather than cost the next voice turn its
+        cached system prompt."""
+        return self.policy.may_evict(e, rank, kept)
 
     def evict(self, avoid: PrefixEntry | None = None, rank: int | None = None,
               wanted: frozenset[int] = frozenset()) -> int | None:
-        """Give up one entry (that a request of class ``rank`` may give up); returns its seq
-        id (the caller clears it), or None.
-
-        Entries no waiting request is about to use (``wanted``: their seq ids) go before those
-        one is; among them, entries that never served a hit go first, least recently used
-        first: a summarised document is rarely asked again, while a satellite's system prompt
-        is hit on every turn and must survive the churn of one-off prompts. Then plain LRU."""
+        """Give up one entry (that a request of class ``rank`` may give up, in the policy's
+        order; ``wanted``: seq ids a waiting request is about to use); returns its seq id (the
+        caller clears it), or None."""
+        kept = self.kept()
         cands = [e for e in self.entries.values()
-                 if e is not avoid and self.evictable(e) and self.yields_to(e, rank)]
+                 if e is not avoid and self.evictable(e) and self.yields_to(e, rank, kept)]
         if not cands:
             return None
-        cands.sort(key=lambda e: e.seq_id in wanted)  # stable: LRU order within each group
-        victim = next((e for e in cands if e.hits == 0 and e.seq_id not in wanted), cands[0])
+        victim = self.policy.victim(cands, wanted, kept)
         self.evictions += 1
         return self._remove(victim)
 
@@ -252,12 +267,32 @@ class KVPool:
         e.sharers.clear()
         return e.seq_id
 
-    def stats(self) -> dict[str, float]:
+    def stats(self, now: float = 0.0) -> dict[str, Any]:
         return {
             "entries": len(self.entries),
             "hit_rate": self.hits / self.lookups if self.lookups else 0.0,
             "token_hit_rate": self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0,
             "evictions": self.evictions,
             "cached_cells": self.cached_cells,
+            "kept_budget": self.policy.kept_cells,
             "packings": self.packings,
+            "by_class": self.by_class(now),
         }
+
+    def by_class(self, now: float) -> dict[str, dict[str, Any]]:
+        """Per class: the entries it holds (by the best class that used them), their cells,
+        how many are within the kept budget, the age of the oldest, and the hit rate of that
+        class's requests."""
+        kept = self.kept()
+        out: dict[str, dict[str, Any]] = {}
+        for rank, name in RANK_NAMES.items():
+            mine = [e for e in self.entries.values() if e.rank == rank]
+            lookups = self.lookups_by.get(rank, 0)
+            out[name] = {
+                "entries": len(mine), "cells": sum(e.own for e in mine),
+                "kept": sum(1 for e in mine if e.seq_id in kept),
+                "oldest_s": round(now - min(e.born for e in mine), 1) if mine else None,
+                "lookups": lookups,
+                "hit_rate": round(self.hits_by.get(rank, 0) / lookups, 4) if lookups else 0.0,
+            }
+        return out

@@ -110,6 +110,9 @@ class Request:
     id: int = field(default_factory=next_id)
     meta: dict[str, Any] = field(default_factory=dict)
     reasoning: Any = None  # a hearth.reasoning.ReasoningSplitter: stops then see the answer only
+    # The class its cached prompt serves, when not its own: a warm-up runs as background (it
+    # never delays anyone) and keeps the prompt for the voice turns to come.
+    keep_rank: int | None = None
 
     # engine state
     seq_id: int | None = None
@@ -138,6 +141,10 @@ class Request:
     @property
     def cls(self) -> str:
         return RANK_NAMES[self.rank]
+
+    @property
+    def cache_rank(self) -> int:
+        return self.rank if self.keep_rank is None else min(self.rank, self.keep_rank)
 
     @property
     def n_prompt(self) -> int:

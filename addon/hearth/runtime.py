@@ -99,7 +99,8 @@ class Runtime:
                          caps=s.caps()),
             EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
                          relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
-                         prefix_cache_entries=entries, max_queue=s.max_queue),
+                         prefix_cache_entries=entries, max_queue=s.max_queue,
+                         prefix_cache_kept_share=s.prefix_cache_kept_share),
             self.stats)
         core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
         specials = model.special_tokens()

@@ -65,6 +65,12 @@ class Settings(BaseModel):
         "(more background throughput; a voice arrival then cuts the running decode)")
     prefix_cache: bool = _opt(True, "keep finished sequences' KV as reusable prefixes")
     prefix_cache_entries: int = _opt(8, "most cached prefixes kept", ge=0, le=64)
+    prefix_cache_kept_share: float = _opt(
+        0.5, "share of n_ctx in which the prompts voice and chat use stay cached against "
+        "background and embedding work", ge=0, le=1)
+    prefix_store_mb: int = _opt(
+        512, "most MB of voice and chat prefixes saved to data_dir, restored at start "
+        "(0 = none saved)", ge=0)
     aging_seconds_agent: float = _opt(30.0, "an agent request rises one class per this wait", gt=0)
     aging_seconds_background: float = _opt(20.0, "a background request rises one class per this "
                                            "wait (never above chat)", gt=0)

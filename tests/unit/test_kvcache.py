@@ -131,13 +131,20 @@ def test_an_entry_a_waiting_request_will_use_goes_last():
 
 
 def test_a_lower_class_may_not_evict_a_prefix_a_higher_class_hits():
-    pool = KVPool(n_ctx=100_000, n_seq_max=8, max_entries=8)
+    pool = KVPool(n_ctx=100_000, n_seq_max=8, max_entries=8, kept_cells=1000)
     system = list(range(100))
-    pool.insert(0, [*system, 1], own=101, shared=None)
+    pool.insert(0, [*system, 1], own=101, shared=None, rank=3)  # left by background work
     entry, hit = pool.find([*system, 2])
     pool.use(entry, hit, 101, rank=0)  # a voice turn hit it
     assert pool.evict(rank=3) is None  # background may not
     assert pool.evict(rank=0) == 0  # voice (or the engine itself) may
+
+
+def test_past_the_kept_budget_a_voice_prefix_goes_like_any_other():
+    pool = KVPool(n_ctx=100_000, n_seq_max=8, max_entries=8, kept_cells=100)
+    pool.insert(0, list(range(101)), own=101, shared=None, rank=0)  # one cell too many
+    assert pool.kept() == set()
+    assert pool.evict(rank=3) == 0
 
 
 def test_lookup_compares_only_entries_sharing_the_first_tokens():

@@ -70,7 +70,7 @@ class Admission:
                 r.n_past = 0
             if self.cfg.prefix_cache:
                 self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None,
-                              rank=r.rank)
+                              rank=r.cache_rank)
             if r.first_admitted_at is None:
                 r.first_admitted_at = now
                 r.cached_tokens = min(r.n_past, r.n_prompt)
@@ -90,9 +90,10 @@ class Admission:
             return True
         victims = self.policy.priority_victims(r, self.running, now)
         keep = {id(entry)} | {id(x.shared) for x in self.running if x not in victims}
+        kept = self.pool.kept()
         room = self.pool.free_cells + sum(
             e.own for e in self.pool.entries.values()
-            if id(e) not in keep and self.pool.yields_to(e, rank))
+            if id(e) not in keep and self.pool.yields_to(e, rank, kept))
         room += sum(self._cells_of(v) for v in victims)
         if room < need:
             return False
@@ -220,7 +221,8 @@ class Admission:
         shared = r.shared if r.shared is not None and r.shared.seq_id in self.pool.entries else None
         if r.shared is not None:
             r.shared.sharers.discard(r)
-        for seq in self.pool.insert(r.seq_id, r.tokens[: r.n_past], own, shared):  # type: ignore[arg-type]
+        for seq in self.pool.insert(r.seq_id, r.tokens[: r.n_past], own, shared,  # type: ignore[arg-type]
+                                    rank=r.cache_rank, now=self.b.now()):
             self._drop_seq(seq)
         r.seq_id, r.shared, r.shared_len = None, None, 0
 

@@ -66,6 +66,9 @@ class EngineConfig:
     prefix_cache: bool = True
     prefix_cache_entries: int = 8
     compact_prefix_cache: bool = True  # pack cached prefixes into low cells when idle
+    # Share of the pool's cells in which voice and chat prefixes are kept against lower
+    # classes (hearth.policy.cache).
+    prefix_cache_kept_share: float = 0.5
     max_queue: int = 64
     min_prefill_chunk: int = 16
 

@@ -30,7 +30,8 @@ class EngineCore(Admission, Embeddings, Compaction):
         self.policy = Policy(policy_cfg)
         self.stats = stats or Stats()
         entries = self.cfg.prefix_cache_entries if self.cfg.prefix_cache else 0
-        self.pool = KVPool(backend.n_ctx, backend.n_seq_max, entries, self.cfg.prefix_cache)
+        self.pool = KVPool(backend.n_ctx, backend.n_seq_max, entries, self.cfg.prefix_cache,
+                           kept_cells=int(self.cfg.prefix_cache_kept_share * backend.n_ctx))
         self.cost = CostModel()
         self.embed_cost = CostModel()  # the embedding context's decodes, measured apart
         self.waiting: list[Request] = []
@@ -428,7 +429,7 @@ class EngineCore(Admission, Embeddings, Compaction):
         by the engine thread after each iteration and swapped in whole, so readers never
         iterate structures the engine is changing."""
         pool = self.pool
-        prefix = pool.stats()
+        prefix = pool.stats(self.b.now())
         used = pool.running_cells + prefix["cached_cells"]
         self.pool_view = {
             "kv": {"cells": pool.n_ctx, "used": used,

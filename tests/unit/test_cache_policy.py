@@ -1,0 +1,132 @@
+"""The class-aware prefix cache (hearth.policy.cache) on the simulated backend: the voice
+prompts a household uses survive floods of one-off background work within their budget, and go
+when running work needs the room or the budget is spent."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sim_backend import SimBackend, make_core, request, run_until
+
+from hearth.kvcache import PrefixEntry
+from hearth.policy.cache import CachePolicy
+
+
+def entry(seq: int, rank: int, own: int, hits: int = 0) -> PrefixEntry:
+    return PrefixEntry(seq_id=seq, tokens=[seq] * own, own=own, rank=rank, hits=hits)
+
+
+def test_the_budget_keeps_voice_before_chat_and_the_most_recent_first():
+    policy = CachePolicy(kept_cells=500)
+    lru = [entry(0, 1, 200), entry(1, 0, 300), entry(2, 1, 150), entry(3, 0, 250),
+           entry(4, 3, 10)]  # least recently used first
+    # Voice: 3 (newest, 250) then 1 (300: does not fit). Chat: 2 (150) fits, 0 (200) does not.
+    assert policy.kept(lru) == {3, 2}
+    assert not policy.may_evict(lru[3], 3, {3, 2})  # background may not take a kept entry
+    assert policy.may_evict(lru[3], 0, {3, 2})  # voice may
+    assert policy.may_evict(lru[3], None, {3, 2})  # the engine itself, for running work, may
+    assert policy.may_evict(lru[1], 3, {3, 2})  # past the budget: like any other
+    # Outside the budget before within it; never hit before hit; then least recently used.
+    cands = [lru[3], lru[1], entry(5, 3, 10, hits=2), lru[4]]
+    assert CachePolicy.victim(cands, frozenset(), {3}).seq_id == 1
+    assert CachePolicy.victim(cands, frozenset({1}), {3}).seq_id == 4
+
+
+def _flood_then_voice(system_len: int, share: float, sizes: list[int], n_ctx: int,
+                      entries: int = 4):
+    b = SimBackend(n_ctx=n_ctx, n_seq_max=4 + entries)
+    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=entries,
+                        prefix_cache_kept_share=share)
+    system = [9000 + i for i in range(system_len)]
+    first, s1 = request(b, "voice", 20, 4, seed=1, prefix=system)
+    core.submit(first)
+    run_until(core, lambda: s1.done is not None)
+    evicted_by_lower: list[int] = []
+    evict = core.pool.evict
+
+    def watched(avoid=None, rank=None, wanted=frozenset()):
+        kept = core.pool.kept()
+        seq = evict(avoid=avoid, rank=rank, wanted=wanted)
+        if seq is not None and seq in kept and rank is not None and rank > 0:
+            evicted_by_lower.append(seq)
+        return seq
+
+    core.pool.evict = watched
+    flood = [request(b, "background", n, 8, seed=100 + i) for i, n in enumerate(sizes)]
+    for r, _ in flood:
+        core.submit(r)
+    run_until(core, lambda: all(s.done is not None for _, s in flood))
+    turn, s2 = request(b, "voice", 20, 4, seed=2, prefix=system)
+    core.submit(turn)
+    run_until(core, lambda: s2.done is not None)
+    return core, b, flood, turn, evicted_by_lower
+
+
+@settings(max_examples=40, deadline=None)
+@given(system_len=st.integers(100, 500), n_ctx=st.integers(1400, 2600),
+       sizes=st.lists(st.integers(60, 420), min_size=4, max_size=30))
+def test_voice_prompts_within_the_budget_survive_any_flood_of_one_off_prompts(system_len, n_ctx,
+                                                                             sizes):
+    core, b, flood, turn, by_lower = _flood_then_voice(system_len, 0.5, sizes, n_ctx)
+    assert all(s.done.kind == "done" for _, s in flood), "the flood finished: nobody starved"
+    assert by_lower == [], "no lower class took a kept entry"
+    assert turn.cached_tokens >= system_len
+    assert b.refusals == 0
+    voice = core.pool.stats(b.now())["by_class"]["voice"]
+    assert voice["entries"] >= 1 and voice["kept"] == voice["entries"]
+    assert voice["cells"] <= core.pool.policy.kept_cells
+
+
+def test_past_the_budget_the_flood_may_take_the_voice_prompt():
+    """The same flood with a budget smaller than the system prompt: the voice entry is an
+    ordinary one, and the flood's running work takes its cells."""
+    _, _, flood, turn, _ = _flood_then_voice(600, 0.1, [350] * 10, 1600)
+    assert all(s.done.kind == "done" for _, s in flood)
+    assert turn.cached_tokens < 600
+
+
+def test_running_voice_work_may_take_kept_cells():
+    """Kept entries are kept against lower classes only: a voice prompt that needs the room
+    takes it from another voice prompt."""
+    b = SimBackend(n_ctx=1000, n_seq_max=6)
+    core, _ = make_core("hearth", n_parallel=2, backend=b, prefix_cache_entries=4,
+                        prefix_cache_kept_share=1.0)
+    old, s1 = request(b, "voice", 500, 4, seed=1)
+    core.submit(old)
+    run_until(core, lambda: s1.done is not None)
+    assert core.pool.kept() == {e.seq_id for e in core.pool.entries.values()}
+    new, s2 = request(b, "voice", 700, 4, seed=2)
+    core.submit(new)
+    run_until(core, lambda: s2.done is not None)
+    assert s2.done.kind == "done" and core.pool.evictions >= 1
+
+
+def test_a_warm_up_runs_as_background_and_keeps_its_prompt_for_voice():
+    b = SimBackend(n_ctx=1600, n_seq_max=8)
+    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
+    system = [9000 + i for i in range(500)]
+    warm, sw = request(b, "background", 0, 1, seed=1, prefix=system)
+    warm.keep_rank = 0
+    core.submit(warm)
+    run_until(core, lambda: sw.done is not None)
+    (e,) = core.pool.entries.values()
+    assert e.rank == 0 and core.pool.kept() == {e.seq_id}
+    stats = core.pool.stats(b.now())["by_class"]
+    assert stats["voice"]["entries"] == 1 and stats["background"]["entries"] == 0
+    assert stats["background"]["lookups"] == 0  # counted as what it serves
+    turn, st_ = request(b, "voice", 20, 4, seed=2, prefix=system)
+    core.submit(turn)
+    run_until(core, lambda: st_.done is not None)
+    assert turn.cached_tokens >= len(system) - 1
+    assert core.pool.stats(b.now())["by_class"]["voice"]["hit_rate"] == 0.5
+
+
+def test_by_class_reports_the_oldest_entry_age():
+    b = SimBackend(n_ctx=1600, n_seq_max=8)
+    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
+    r, s = request(b, "voice", 100, 2, seed=1)
+    core.submit(r)
+    run_until(core, lambda: s.done is not None)
+    born = next(iter(core.pool.entries.values())).born
+    assert core.pool.stats(born + 42.0)["by_class"]["voice"]["oldest_s"] == 42.0
+    assert core.pool.stats(born)["by_class"]["chat"]["oldest_s"] is None
