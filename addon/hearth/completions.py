@@ -16,7 +16,7 @@ from .llama_adapter import check_grammar, json_schema_grammar
 from .prompts import PromptError
 from .reasoning import ReasoningSplitter, markers_for, prompt_opens
 from .requests import Event, Request, SamplingParams
-from .scheduler import VOICE_RANK
+from .scheduler import BACKGROUND_RANK, RANK_NAMES, VOICE_RANK
 from .tools import (
     LAZY_CALL_TRIGGER,
     ToolStream,
@@ -79,10 +79,12 @@ class Completion:
     """One chat or text completion in flight."""
 
     def __init__(self, rt: Any, body: ChatCompletionRequest | CompletionRequest, rank: int,
-                 user: str | None = None):
+                 user: str | None = None, keep_rank: int | None = None):
         self.rt = rt
         self.body = body
         self.rank = rank
+        # The class the prompt is rendered and cached for (a warm-up's, not the one it runs as).
+        self.prompt_rank = rank if keep_rank is None else keep_rank
         self.chat = isinstance(body, ChatCompletionRequest)
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -104,7 +106,7 @@ class Completion:
             prompt=tokens, rank=rank, sink=self.stream,
             user=user or body.user or "anonymous", max_tokens=max_tokens, stop=body.stops(),
             ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar, self.trigger),
-            reasoning=self.reasoning)
+            reasoning=self.reasoning, keep_rank=keep_rank)
 
     # -- building --------------------------------------------------------------------------
     def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
@@ -179,7 +181,7 @@ class Completion:
     def _render(self, body: ChatCompletionRequest, tools: list[dict] | None,
                 reasoning: bool) -> list[int]:
         template_kwargs = dict(body.chat_template_kwargs or {})
-        if self.rank == VOICE_RANK:  # a voice reply never waits on a chain of thought
+        if self.prompt_rank == VOICE_RANK:  # a voice reply never waits on a chain of thought
             template_kwargs.setdefault("enable_thinking", False)
         try:
             text = self.rt.formatter.render(
@@ -297,6 +299,28 @@ class Completion:
                     usage["choices"] = []
                     usage["usage"] = usage_of(ev.usage)
                     yield usage
+
+
+async def warm(rt: Any, body: ChatCompletionRequest, keep_rank: int) -> dict[str, Any]:
+    """Compute and cache a chat prompt (as a request of class ``keep_rank`` would render it)
+    without answering it: the next turn that starts the same way finds it cached. It runs as
+    background work, so it never delays anyone, and is kept for ``keep_rank``."""
+    body = body.model_copy(update={"max_tokens": 1, "max_completion_tokens": None,
+                                   "stream": False, "temperature": 0.0,
+                                   "response_format": None})
+    comp = Completion(rt, body, BACKGROUND_RANK, keep_rank=keep_rank)
+    comp.request.warm_up = True
+    t0 = time.monotonic()
+    comp.submit()
+    try:
+        usage = (await comp.result())["usage"]
+    finally:
+        comp.cancel()
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return {"object": "cache.warm", "model": rt.model_id, "class": RANK_NAMES[keep_rank],
+            "prompt_tokens": usage["prompt_tokens"], "cached_tokens": cached,
+            "computed_tokens": usage["prompt_tokens"] - cached,
+            "seconds": round(time.monotonic() - t0, 3)}
 
 
 def embedding_inputs(rt: Any, raw: Any) -> list[list[int]]:

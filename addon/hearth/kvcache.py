@@ -92,6 +92,7 @@ class KVPool:
         self.hits_by: defaultdict[int, int] = defaultdict(int)
         self.high_water = 0  # most cells in use at once since the cache was last packed
         self.packings = 0
+        self.warm_ups = 0
 
     # -- accounting ------------------------------------------------------------------------
     @property
@@ -276,6 +277,7 @@ class KVPool:
             "cached_cells": self.cached_cells,
             "kept_budget": self.policy.kept_cells,
             "packings": self.packings,
+            "warm_ups": self.warm_ups,
             "by_class": self.by_class(now),
         }
 

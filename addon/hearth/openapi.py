@@ -68,6 +68,12 @@ def build() -> dict[str, Any]:
                                     "requestBody": _body("EmbeddingRequest"),
                                     "responses": {"200": _resp("Embeddings", obj),
                                                   **gen_errors}}},
+        "/v1/cache/warm": {"post": {
+            "summary": "Compute and cache a chat prompt without answering it, for the class "
+                       "named in priority (default voice); runs as background work",
+            "requestBody": _body("ChatCompletionRequest"),
+            "responses": {"200": _resp("What was cached: prompt_tokens, cached_tokens, "
+                                       "computed_tokens, seconds", obj), **gen_errors}}},
         "/v1/queue": {"get": {"summary": "Queue health", "responses": {
             "200": _resp("Queue health document", obj), **_errors(401, 503)}}},
         "/v1/jobs": {

@@ -113,6 +113,7 @@ class Request:
     # The class its cached prompt serves, when not its own: a warm-up runs as background (it
     # never delays anyone) and keeps the prompt for the voice turns to come.
     keep_rank: int | None = None
+    warm_up: bool = False  # only its prompt matters: not a lookup the hit rates count
 
     # engine state
     seq_id: int | None = None

@@ -20,6 +20,7 @@ RANK_NAMES = {v: k for k, v in CLASS_RANKS.items()}
 CHAT_RANK = CLASS_RANKS["chat"]
 VOICE_RANK = CLASS_RANKS["voice"]
 INTERACTIVE_RANK = CHAT_RANK  # voice and chat: someone is waiting for the answer
+BACKGROUND_RANK = CLASS_RANKS["background"]
 
 # VTC weights (Sheng et al., "Fairness in Serving Large Language Models"): output tokens cost
 # about twice what prompt tokens cost to serve.

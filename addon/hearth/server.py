@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import __version__, discovery
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
-from .completions import Completion, CompletionError, embeddings
+from .completions import Completion, CompletionError, embeddings, warm
 from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
 from .openapi import build as build_openapi
@@ -220,6 +220,14 @@ async def embeddings_handler(request: web.Request) -> web.Response:
 
 
 # -- Hearth API --------------------------------------------------------------------------------
+async def warm_cache(request: web.Request) -> web.Response:
+    """Cache a chat prompt for the class that will use it (voice unless named)."""
+    rt = ready(request)
+    body = await read_body(request, ChatCompletionRequest)
+    check_model(rt, body.model)
+    return web.json_response(await warm(rt, body, request_class(request, body.priority, "voice")))
+
+
 async def queue(request: web.Request) -> web.Response:
     rt = ready(request)
     core = rt.core
@@ -330,6 +338,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings_handler)
     r.add_get("/v1/queue", queue)
+    r.add_post("/v1/cache/warm", warm_cache)
     r.add_post("/v1/jobs", create_job)
     r.add_get("/v1/jobs", list_jobs)
     r.add_get("/v1/jobs/{job_id}", get_job)

@@ -106,19 +106,20 @@ def test_a_warm_up_runs_as_background_and_keeps_its_prompt_for_voice():
     core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
     system = [9000 + i for i in range(500)]
     warm, sw = request(b, "background", 0, 1, seed=1, prefix=system)
-    warm.keep_rank = 0
+    warm.keep_rank, warm.warm_up = 0, True
     core.submit(warm)
     run_until(core, lambda: sw.done is not None)
     (e,) = core.pool.entries.values()
     assert e.rank == 0 and core.pool.kept() == {e.seq_id}
     stats = core.pool.stats(b.now())["by_class"]
     assert stats["voice"]["entries"] == 1 and stats["background"]["entries"] == 0
-    assert stats["background"]["lookups"] == 0  # counted as what it serves
+    assert stats["background"]["lookups"] == stats["voice"]["lookups"] == 0  # not a turn
     turn, st_ = request(b, "voice", 20, 4, seed=2, prefix=system)
     core.submit(turn)
     run_until(core, lambda: st_.done is not None)
     assert turn.cached_tokens >= len(system) - 1
-    assert core.pool.stats(b.now())["by_class"]["voice"]["hit_rate"] == 0.5
+    after = core.pool.stats(b.now())
+    assert after["by_class"]["voice"]["hit_rate"] == 1.0 and after["warm_ups"] == 1
 
 
 def test_by_class_reports_the_oldest_entry_age():

@@ -69,8 +69,11 @@ class Admission:
             else:
                 r.n_past = 0
             if self.cfg.prefix_cache:
-                self.pool.use(entry, hit, len(r.tokens), count=r.first_admitted_at is None,
+                first = r.first_admitted_at is None
+                self.pool.use(entry, hit, len(r.tokens), count=first and not r.warm_up,
                               rank=r.cache_rank)
+                if first and r.warm_up:
+                    self.pool.warm_ups += 1
             if r.first_admitted_at is None:
                 r.first_admitted_at = now
                 r.cached_tokens = min(r.n_past, r.n_prompt)
