@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 
 from hearth.engine import EngineConfig, EngineCore
 from hearth.requests import Request, SamplingParams
@@ -142,6 +143,12 @@ class SimBackend:
         self.cells[seq] = {p: self._new_cell() for p in positions}
         self._ctx[seq] = list(ctx)
         return True
+
+    def state_bytes(self, data) -> bytes:
+        return json.dumps(data).encode()
+
+    def state_from_bytes(self, raw: bytes):
+        return json.loads(raw)
 
     def is_eog(self, token: int) -> bool:
         return token == EOG

@@ -59,6 +59,12 @@ class LlamaBackend:
     def seq_state_set(self, seq: int, data: Any) -> bool:
         return self.ctx.seq_state_set(seq, data)
 
+    def state_bytes(self, data: Any) -> bytes:
+        return Context.state_bytes(data)
+
+    def state_from_bytes(self, raw: bytes) -> Any:
+        return Context.state_from_bytes(raw)
+
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)
 

@@ -346,6 +346,15 @@ class Context:
         buf, n = data
         return L.llama_state_seq_set_data(self.ptr, buf, n, seq) == n
 
+    @staticmethod
+    def state_bytes(data: tuple[ctypes.Array, int]) -> bytes:
+        buf, n = data
+        return ctypes.string_at(buf, n)
+
+    @staticmethod
+    def state_from_bytes(raw: bytes) -> tuple[ctypes.Array, int]:
+        return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), len(raw)
+
     # -- outputs -----------------------------------------------------------------------------
     def logits(self, i: int) -> ctypes.Array:
         return L.llama_get_logits_ith(self.ptr, i)

@@ -7,17 +7,27 @@ import logging
 import os
 import signal
 import threading
+import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .engine import Engine, EngineConfig, EngineCore
 from .models import resolve
+from .prefix_store import PrefixStore
 from .prompts import ChatFormatter
 from .scheduler import PolicyConfig
 from .settings import Settings
 from .stats import Stats
 
 log = logging.getLogger(__name__)
+
+
+def _llama_cpp_version() -> str:
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def unservable(model: Any) -> str | None:
@@ -103,6 +113,8 @@ class Runtime:
                          prefix_cache_kept_share=s.prefix_cache_kept_share),
             self.stats)
         core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
+        if s.prefix_cache and s.prefix_store_mb > 0:
+            self._restore_prefixes(core, path, backend.n_ctx)
         specials = model.special_tokens()
         self.formatter = ChatFormatter(model.chat_template(), specials.get("bos_token", ""),
                                        specials.get("eos_token", ""),
@@ -114,6 +126,21 @@ class Runtime:
         self.state = "ready"
         log.info("model %s ready (%s, n_ctx=%d, n_parallel=%d, policy=%s)", self.model_id,
                  model.description, backend.n_ctx, s.n_parallel, s.policy)
+
+    def _restore_prefixes(self, core: EngineCore, path: Path, n_ctx: int) -> None:
+        """The voice and chat prompts saved at the last stop go back into the KV cache before
+        the server says it is ready: the first voice command after a restart is warm."""
+        st = path.stat()
+        key = {"model": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+               "n_ctx": n_ctx, "flash_attn": self.settings.flash_attn,
+               "llama_cpp": _llama_cpp_version()}
+        store = PrefixStore(Path(self.settings.data_dir) / "prefix-cache", key,
+                            self.settings.prefix_store_mb * 1024 * 1024)
+        core.store = store
+        n = core.restore(store.load())
+        if n or store.skipped:
+            log.info("restored %d cached prefixes (%d cells) from %s in %.0f ms", n,
+                     core.pool.cached_cells, store.folder, 1000 * store.restore_s)
 
     def _engine_died(self, err: BaseException) -> None:
         """The engine thread died (its requests already have their errors): /health says so,
@@ -133,5 +160,23 @@ class Runtime:
             # Freeing a context a decode still uses would crash the process: leave it to exit.
             log.warning("the engine thread did not stop in time; its context is not freed")
             return
+        if self.core is not None and self.core.store is not None and self.engine is not None \
+                and self.engine.error is None:
+            self._save_prefixes(self.core)
         if self.backend is not None:
             self.backend.close()
+
+    @staticmethod
+    def _save_prefixes(core: EngineCore) -> None:
+        store = core.store
+        assert store is not None
+        t0 = time.monotonic()
+        try:
+            core.persist(force=True)
+            store.close()
+        except Exception:  # the cache is worth less than a clean stop
+            log.exception("could not save the prefix cache")
+            return
+        stats = store.stats()
+        log.info("saved %d cached prefixes (%.1f MB) to %s in %.0f ms", stats["files"],
+                 stats["bytes"] / 1e6, store.folder, 1000 * (time.monotonic() - t0))

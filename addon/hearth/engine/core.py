@@ -18,11 +18,12 @@ from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig, Reque
 from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embeddings
+from .persistence import Persistence
 
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Embeddings, Compaction):
+class EngineCore(Admission, Embeddings, Compaction, Persistence):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -140,7 +141,7 @@ class EngineCore(Admission, Embeddings, Compaction):
     def idle(self) -> bool:
         """Called by the engine thread when it has no work: housekeeping that must not hold up
         a request. Returns whether it did any."""
-        done = self._maybe_compact()
+        done = self._maybe_compact() or self._maybe_persist()
         if done:
             self._publish()
         return done
@@ -437,7 +438,7 @@ class EngineCore(Admission, Embeddings, Compaction):
                    "used_by_prefix_cache": prefix["cached_cells"],
                    "reserved": pool.reserved_cells,
                    "use": round(used / pool.n_ctx, 4)},
-            "prefix_cache": prefix,
+            "prefix_cache": {**prefix, "store": self.store.stats() if self.store else None},
             "cost_model": {"decode_ms": round(1000 * self.cost.predict(1), 3),
                            "full_batch_ms": round(1000 * self.cost.predict(self.b.n_batch), 1),
                            "by_batch_size": self.cost.view()},

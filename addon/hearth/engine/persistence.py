@@ -1,0 +1,121 @@
+"""Saving the household's prompts from the prefix cache to disk, and putting them back at start
+(part of :class:`~hearth.engine.core.EngineCore`; the files are :mod:`hearth.prefix_store`'s).
+
+The engine thread copies the cells of the voice and chat entries out (llama.cpp's sequence
+state) while it is idle, at most every ``PERSIST_EVERY_S``, and once more when the server stops;
+the store writes them on its own thread. At start, before the server says it is ready, each
+saved prefix goes back into the KV cache as an entry of the class it served; a prefix that
+starts like one restored before shares that one's cells, as it did before the restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from ..kvcache import INDEX_LEN, PrefixEntry
+from ..prefix_store import PrefixStore, Saved, name_for
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+
+log = logging.getLogger("hearth.engine")
+
+PERSIST_EVERY_S = 60.0  # between saves while idle: a crash loses at most this much warmth
+HEADER_BYTES = 512  # a file's header past its token ids, at most
+
+
+class Persistence:
+    store: PrefixStore | None = None
+    _persisted_at = float("-inf")
+    _persisted: tuple[str, ...] = ()
+
+    def _to_persist(self: EngineCore) -> list[PrefixEntry]:
+        """The interactive entries, in the order they are worth keeping: voice before chat,
+        most recently used first."""
+        mine = [e for e in reversed(self.pool.entries.values()) if self.pool.policy.interactive(e)]
+        return sorted(mine, key=lambda e: e.rank)
+
+    def _maybe_persist(self: EngineCore) -> bool:
+        if self.has_work() or self.b.now() - self._persisted_at < PERSIST_EVERY_S:
+            return False
+        return self.persist() is not None
+
+    def persist(self: EngineCore, force: bool = False) -> Future | None:
+        """Hand the interactive entries not on disk yet to the store (in the engine thread, or
+        once it stopped); None when there is nothing to do."""
+        store = self.store
+        if store is None or not store.enabled:
+            return None
+        now = self.b.now()
+        entries = [(e, name_for(e.tokens)) for e in self._to_persist()]
+        names = tuple(name for _, name in entries)
+        self._persisted_at = now
+        if names == self._persisted and not force:
+            return None
+        new: list[tuple[str, dict[str, Any], Any]] = []
+        keep: list[str] = []
+        total = 0
+        wall = time.time()
+        for e, name in entries:
+            size = store.on_disk.get(name)
+            payload = None
+            if size is None:
+                data = self.b.seq_state_get(e.seq_id)
+                if data is None:
+                    continue
+                payload = self.b.state_bytes(data)
+                size = len(payload) + HEADER_BYTES + 8 * len(e.tokens)  # what the file takes
+            if total + size > store.max_bytes:
+                continue  # a smaller one further down may still fit
+            total += size
+            keep.append(name)
+            if payload is not None:
+                new.append((name, {"tokens": e.tokens, "rank": e.rank, "hits": e.hits,
+                                   "born": wall - (now - e.born)}, payload))
+        self._persisted = names
+        return store.save(new, keep)
+
+    def restore(self: EngineCore, saved: Iterable[Saved]) -> int:
+        """Put saved prefixes back into an empty pool, before the engine thread starts.
+        Returns how many are back."""
+        pool = self.pool
+        now = t0 = self.b.now()
+        peak = 0
+        for s in saved:
+            if len(pool.entries) >= pool.max_entries:
+                break
+            if len(s.tokens) >= self.b.n_ctx_seq or len(s.tokens) > pool.free_cells:
+                continue
+            seq = pool.take_id()
+            if seq is None:
+                break
+            if not self.b.seq_state_set(seq, self.b.state_from_bytes(s.payload)):
+                log.warning("llama.cpp refused the saved prefix %s; it will be recomputed",
+                            s.name)
+                self._drop_seq(seq)
+                continue
+            peak = max(peak, pool.used_cells + len(s.tokens))
+            parent, shared = pool.find(s.tokens)
+            if parent is not None and shared >= INDEX_LEN:
+                # Its first cells are another entry's: share them as before the restart.
+                self.b.seq_rm(seq, 0, shared)
+                self.b.seq_cp(parent.seq_id, seq, 0, shared)
+            else:
+                parent, shared = None, 0
+            for drop in pool.insert(seq, s.tokens, len(s.tokens) - shared, parent, rank=s.rank,
+                                    now=now - s.age_s):
+                self._drop_seq(drop)
+            if (e := pool.entries.get(seq)) is not None:
+                e.hits = max(e.hits, s.hits)
+        # Cells freed by sharing sit between the restored ones: the first idle moment packs them.
+        pool.high_water = max(pool.high_water, peak)
+        self._persisted = tuple(name_for(e.tokens) for e in self._to_persist())
+        self._persisted_at = now
+        if self.store is not None:
+            self.store.restored, self.store.restore_s = len(pool.entries), self.b.now() - t0
+        self._publish()
+        return len(pool.entries)
