@@ -84,6 +84,7 @@ class _EngineCollector:
         hit = GaugeMetricFamily("hearth_prefix_cache_hit_rate", "Prompt tokens served from the "
                                 "prefix cache / prompt tokens looked up")
         hit.add_metric([], q["prefix_cache"]["token_hit_rate"])
+        yield from _prefix_by_class(q["prefix_cache"]["by_class"])
         tps = GaugeMetricFamily("hearth_generation_tokens_per_second", "Generated tokens/s "
                                 "over the last 10 s")
         tps.add_metric([], snap["tokens_per_s"])
@@ -98,3 +99,22 @@ class _EngineCollector:
             for status, n in jobs.items():
                 g.add_metric([status], n)
             yield g
+
+
+def _prefix_by_class(by_class: dict[str, dict[str, Any]]):
+    """The prefix cache by the best class that used each entry, and each class's hit rate."""
+    cells = GaugeMetricFamily("hearth_prefix_cache_cells", "KV cells held by cached prefixes",
+                              labels=["class"])
+    entries = GaugeMetricFamily("hearth_prefix_cache_entries", "Cached prefixes",
+                                labels=["class"])
+    rate = GaugeMetricFamily("hearth_prefix_cache_class_hit_rate", "Share of a class's "
+                             "requests that found a cached prefix", labels=["class"])
+    oldest = GaugeMetricFamily("hearth_prefix_cache_oldest_seconds", "Age of a class's oldest "
+                               "cached prefix", labels=["class"])
+    for cls, c in by_class.items():
+        cells.add_metric([cls], c["cells"])
+        entries.add_metric([cls], c["entries"])
+        rate.add_metric([cls], c["hit_rate"])
+        if c["oldest_s"] is not None:
+            oldest.add_metric([cls], c["oldest_s"])
+    yield from (cells, entries, rate, oldest)

@@ -125,3 +125,20 @@ def test_a_store_that_cannot_be_written_costs_the_cache_only(tmp_path, caplog):
     assert "cannot save the prefix cache" in caplog.text
     turn = _serve(core, b, "voice", 30, 5, SYSTEM)
     assert turn.cached_tokens >= len(SYSTEM)
+
+
+def test_a_request_arriving_during_a_save_goes_first(tmp_path):
+    """A save in the idle engine stops copying cells out when a request arrives; what is on
+    disk stays, and the next save finishes the job."""
+    core, b = _core(tmp_path)
+    _serve(core, b, "voice", 20, 1, SYSTEM)
+    core.persist(force=True).result()
+    _serve(core, b, "chat", 40, 3, [8000 + i for i in range(100)])
+    waiting, s = request(b, "voice", 10, 2, seed=9, prefix=SYSTEM)
+    core.submit(waiting)  # in the inbox: the engine has work again
+    core.persist().result()
+    assert len(list((tmp_path / "prefix-cache").glob("*.kvstate"))) == 1
+    run_until(core, lambda: s.done is not None)
+    core.persist().result()
+    names = {p.name for p in (tmp_path / "prefix-cache").glob("*.kvstate")}
+    assert names == {name_for(e.tokens) for e in core.pool.entries.values() if e.rank <= 1}

@@ -60,9 +60,13 @@ class Persistence:
         keep: list[str] = []
         total = 0
         wall = time.time()
-        for e, name in entries:
+        for i, (e, name) in enumerate(entries):
             size = store.on_disk.get(name)
             payload = None
+            if size is None and not force and self._inbox:
+                # A request arrived: it goes first. What is on disk stays; the rest next time.
+                keep += [n for _, n in entries[i:] if n in store.on_disk]
+                return store.save(new, keep)
             if size is None:
                 data = self.b.seq_state_get(e.seq_id)
                 if data is None:
