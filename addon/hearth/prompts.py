@@ -167,8 +167,11 @@ class ChatFormatter:
         listing = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
         text = TOOLS_SYSTEM_PROMPT.format(tools=listing)
         if msgs and msgs[0]["role"] == "system":
+            # The tools before the instructions: they are the same every turn, while Home
+            # Assistant's system prompt ends with the current time, and a prefix cache reuses
+            # only what comes before the first difference.
             first = dict(msgs[0])
-            first["content"] = f"{first['content']}\n\n{text}"
+            first["content"] = f"{text}\n\n{first['content']}"
             return [first, *msgs[1:]]
         return [{"role": "system", "content": text}, *msgs]
 

@@ -28,8 +28,8 @@ def test_a_gemma_without_template_gets_gemma_turns_with_the_system_text_in_the_f
                     {"role": "assistant", "content": "Hello."},
                     {"role": "user", "content": "light on"}], tools=TOOLS)
     turns = out.split("<end_of_turn>\n")
-    assert turns[0].startswith("<start_of_turn>user\nBe brief.")
-    assert "<tools>" in turns[0] and turns[0].endswith("hi")
+    assert turns[0].startswith("<start_of_turn>user\nYou can call functions.")
+    assert "</tool_call>\n\nBe brief." in turns[0] and turns[0].endswith("hi")
     assert turns[1] == "<start_of_turn>model\nHello."
     assert turns[2] == "<start_of_turn>user\nlight on"
     assert turns[3] == "<start_of_turn>model\n"
@@ -51,6 +51,17 @@ def test_template_without_tools_gets_tools_in_the_system_prompt():
                     {"role": "user", "content": "light on"}], tools=TOOLS)
     assert "Be brief." in out and "<tools>" in out and '"HassTurnOn"' in out
     assert "<tool_call>" in out
+
+
+def test_tools_come_before_a_system_prompt_that_ends_with_the_time():
+    """Home Assistant's system prompt ends with the current time: two turns a minute apart
+    share everything up to it, the tools included, so the prefix cache serves them."""
+    f = ChatFormatter(CHATML)
+    a, b = (f.render([{"role": "system", "content": f"Be brief.\nCurrent time is {t}."},
+                      {"role": "user", "content": "light on"}], tools=TOOLS)
+            for t in ("10:00:01", "10:01:07"))
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert a.index('"HassTurnOn"') < a.index("Be brief.") < shared
 
 
 def test_tool_history_is_rendered_for_templates_without_tools():
