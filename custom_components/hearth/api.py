@@ -15,6 +15,7 @@ from .const import (
     LOGGER,
     REQUEST_TIMEOUT,
     STREAM_READ_TIMEOUT,
+    WARM_UP_TIMEOUT,
 )
 
 
@@ -153,6 +154,7 @@ class HearthClient:
         json_body: Any = None,
         params: dict[str, str] | None = None,
         auth: bool = True,
+        total_timeout: float = REQUEST_TIMEOUT,
     ) -> Any:
         headers = self._headers() if auth else {"Accept": "application/json"}
         try:
@@ -162,7 +164,7 @@ class HearthClient:
                 json=json_body,
                 params=params,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+                timeout=aiohttp.ClientTimeout(total=total_timeout),
             ) as response:
                 body = await response.read()
                 self._raise_for_status(response.status, body)
@@ -206,6 +208,17 @@ class HearthClient:
     async def async_queue(self) -> dict[str, Any]:
         """Return the queue-health snapshot."""
         return await self._request("GET", "/v1/queue")
+
+    async def async_warm(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Have the server compute and cache a chat prompt without answering it.
+
+        ``body`` is a chat-completion body (``messages``, ``tools``, ``priority``: the class the
+        prompt will serve). The server answers once the prompt is computed, as background work;
+        leaving earlier would cancel it.
+        """
+        return await self._request(
+            "POST", "/v1/cache/warm", json_body=body, total_timeout=WARM_UP_TIMEOUT
+        )
 
     # Chat completions
 

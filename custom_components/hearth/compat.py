@@ -10,8 +10,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from homeassistant.core import HomeAssistant
+from homeassistant.components.conversation import DOMAIN as CONVERSATION_DOMAIN
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers import llm
+
+from .const import DOMAIN
 
 try:  # Home Assistant >= 2026.9 validates with probatio and no longer ships voluptuous_openapi
     from probatio import to_openapi as _to_openapi
@@ -82,3 +86,25 @@ def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[
         names.update(dict.fromkeys(n for n in info.get("names", "").split(", ") if n))
         areas.update(dict.fromkeys(a for a in info.get("areas", "").split(", ") if a))
     return list(names), list(areas)
+
+
+# The agent handling a request is part of the LLM context since 2026.11.
+_LLM_CONTEXT_FIELDS = frozenset(field.name for field in dataclasses.fields(llm.LLMContext))
+
+
+def agent_llm_context(
+    hass: HomeAssistant, agent_id: str | None, device_id: str | None = None
+) -> llm.LLMContext:
+    """The LLM context of a voice turn for the agent ``agent_id`` that names no user, from
+    ``device_id`` (a satellite) or none (Assist in a browser): what a warm-up renders the
+    prompt with."""
+    fields: dict[str, Any] = {
+        "platform": DOMAIN,
+        "context": Context(),
+        "language": hass.config.language,
+        "assistant": CONVERSATION_DOMAIN,
+        "device_id": device_id,
+    }
+    if "agent_id" in _LLM_CONTEXT_FIELDS:
+        fields["agent_id"] = agent_id
+    return llm.LLMContext(**fields)

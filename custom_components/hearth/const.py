@@ -61,6 +61,8 @@ QUEUE_SCAN_INTERVAL: Final = 10
 MODEL_LOADING_RETRY_SECONDS: Final = 10
 REQUEST_TIMEOUT: Final = 10
 STREAM_READ_TIMEOUT: Final = 300
+# A warm-up is answered once its prompt is computed as background work: it may wait its turn.
+WARM_UP_TIMEOUT: Final = 300
 EVENTS_READ_TIMEOUT: Final = 60  # the server sends a keepalive comment every 15 s
 EVENTS_BACKOFF_MIN: Final = 1.0
 EVENTS_BACKOFF_MAX: Final = 60.0

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
 from homeassistant.const import CONF_LLM_HASS_API, MATCH_ALL
 from homeassistant.core import HomeAssistant
+from homeassistant.helpers import llm
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
+from .compat import agent_llm_context
 from .const import CLASS_POLICY_AUTO, CONF_CLASS_POLICY, CONF_PROMPT, DOMAIN
-from .entity import HearthBaseLLMEntity
+from .entity import HearthBaseLLMEntity, warm_up_body
+from .warm import PromptWarmer
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -55,6 +58,12 @@ def request_class_for(
     return "chat"
 
 
+def warm_up_class_for(policy: str) -> str:
+    """The class an agent's prompt is warmed for: ``voice`` unless the agent is pinned to
+    another class (a warm-up itself always runs as background work on the server)."""
+    return "voice" if not policy or policy == CLASS_POLICY_AUTO else policy
+
+
 def fairness_key_for(user_input: conversation.ConversationInput) -> str | None:
     """Whose turn this is for the server's fair share: the satellite (or device) it came from,
     otherwise the Home Assistant user."""
@@ -77,6 +86,7 @@ class HearthConversationEntity(
     def __init__(self, entry: HearthConfigEntry, subentry: ConfigSubentry) -> None:
         """Initialize the agent."""
         super().__init__(entry, subentry)
+        self.warmer: PromptWarmer | None = None
         if self.subentry.data.get(CONF_LLM_HASS_API):
             self._attr_supported_features = conversation.ConversationEntityFeature.CONTROL
 
@@ -86,9 +96,16 @@ class HearthConversationEntity(
         return MATCH_ALL
 
     async def async_added_to_hass(self) -> None:
-        """Register the agent."""
+        """Register the agent and keep its prompt warm on the server."""
         await super().async_added_to_hass()
         conversation.async_set_agent(self.hass, self.entry, self)
+        self.warmer = PromptWarmer(
+            self.hass,
+            self.entry,
+            self._async_warm_up_body,
+            follow_home=bool(self.subentry.data.get(CONF_LLM_HASS_API)),
+        )
+        self.async_on_remove(self.warmer.async_start())
 
     async def async_will_remove_from_hass(self) -> None:
         """Unregister the agent."""
@@ -103,11 +120,8 @@ class HearthConversationEntity(
         """Answer one conversation turn."""
         options = self.subentry.data
         try:
-            await chat_log.async_provide_llm_data(
-                user_input.as_llm_context(DOMAIN),
-                options.get(CONF_LLM_HASS_API),
-                options.get(CONF_PROMPT),
-                user_input.extra_system_prompt,
+            await self._async_provide_llm_data(
+                chat_log, user_input.as_llm_context(DOMAIN), user_input.extra_system_prompt
             )
         except conversation.ConverseError as err:
             return err.as_conversation_result()
@@ -115,9 +129,38 @@ class HearthConversationEntity(
         request_class = request_class_for(
             options.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO), user_input, chat_log
         )
+        if request_class == "voice" and user_input.device_id and self.warmer is not None:
+            self.warmer.async_heard(user_input.device_id)
         await self._async_handle_chat_log(
             chat_log,
             request_class=request_class,
             user=fairness_key_for(user_input),
         )
         return conversation.async_get_result_from_chat_log(user_input, chat_log)
+
+    async def _async_provide_llm_data(
+        self,
+        chat_log: conversation.ChatLog,
+        llm_context: llm.LLMContext,
+        extra_system_prompt: str | None = None,
+    ) -> None:
+        """Give the chat log this agent's system prompt and tools (a turn's or a warm-up's)."""
+        options = self.subentry.data
+        await chat_log.async_provide_llm_data(
+            llm_context,
+            options.get(CONF_LLM_HASS_API),
+            options.get(CONF_PROMPT),
+            extra_system_prompt,
+        )
+
+    async def _async_warm_up_body(self, device_id: str | None) -> dict[str, Any]:
+        """The warm-up of the prompt a voice turn from ``device_id`` (or none) starts with.
+
+        The chat log is a scratch one: Home Assistant's chat sessions never hold it.
+        """
+        chat_log = conversation.ChatLog(self.hass, f"{DOMAIN}_warm_up_{self.subentry.subentry_id}")
+        await self._async_provide_llm_data(
+            chat_log, agent_llm_context(self.hass, self.entity_id, device_id)
+        )
+        policy = self.subentry.data.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO)
+        return warm_up_body(self.hass, chat_log, warm_up_class_for(policy))

@@ -100,6 +100,37 @@ def intent_argument_values(
     return values
 
 
+def tool_fields(hass: HomeAssistant, llm_api: llm.APIInstance | None) -> dict[str, Any]:
+    """The request fields that offer the model a chat log's tools: ``tools``, ``tool_choice``
+    and the values intent arguments may take (none without an LLM API).
+
+    A turn and a warm-up of the same agent both take their tools from here and their system
+    prompt from the chat log's first message, so the server renders both the same way and the
+    warm-up's cached tokens are the ones the turn starts with.
+    """
+    if not llm_api:
+        return {}
+    tools = [_format_tool(tool, llm_api.custom_serializer) for tool in llm_api.tools]
+    if not tools:
+        return {}
+    fields: dict[str, Any] = {"tools": tools, "tool_choice": "auto"}
+    if argument_values := intent_argument_values(hass, llm_api, tools):
+        fields["tool_argument_values"] = argument_values
+    return fields
+
+
+def warm_up_body(
+    hass: HomeAssistant, chat_log: conversation.ChatLog, request_class: str
+) -> dict[str, Any]:
+    """The ``/v1/cache/warm`` body for a chat log given its system prompt and tools: what every
+    request of that log starts with, to be cached for ``request_class``."""
+    return {
+        "messages": [convert_content(chat_log.content[0])],
+        "priority": request_class,
+        **tool_fields(hass, chat_log.llm_api),
+    }
+
+
 def _strict_schema(schema: dict[str, Any]) -> None:
     """Make a JSON schema fit OpenAI's strict structured-output rules, in place.
 
@@ -300,29 +331,16 @@ class HearthBaseLLMEntity(Entity):
         options = self.subentry.data
         data = self.entry.runtime_data
 
-        tools: list[dict[str, Any]] | None = None
-        argument_values: dict[str, dict[str, list[str]]] = {}
-        if chat_log.llm_api:
-            tools = [
-                _format_tool(tool, chat_log.llm_api.custom_serializer)
-                for tool in chat_log.llm_api.tools
-            ]
-            argument_values = intent_argument_values(self.hass, chat_log.llm_api, tools)
-
         # No "model": the server serves one model, so swapping it needs no reconfiguration.
         body: dict[str, Any] = {
             "max_tokens": int(max_tokens or options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
             "priority": request_class,
+            **tool_fields(self.hass, chat_log.llm_api),
         }
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
             body["user"] = user
-        if tools:
-            body["tools"] = tools
-            body["tool_choice"] = "auto"
-            if argument_values:
-                body["tool_argument_values"] = argument_values
         if structure:
             body["response_format"] = format_response_format(
                 structure_name or "result", structure, chat_log.llm_api

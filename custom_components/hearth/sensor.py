@@ -57,11 +57,30 @@ def _percent(*keys: str) -> Callable[[dict[str, Any]], float | None]:
     return percent
 
 
+def _voice_hit_rate(data: dict[str, Any]) -> float | None:
+    """The share of voice turns that found part of their prompt cached, in percent; None
+    until a voice turn has looked (the server reports 0 then)."""
+    if not _path("prefix_cache", "by_class", "voice", "lookups")(data):
+        return None
+    return _percent("prefix_cache", "by_class", "voice", "hit_rate")(data)
+
+
 @dataclass(frozen=True, kw_only=True)
 class HearthSensorDescription(SensorEntityDescription):
     """Describes a Hearth queue sensor."""
 
     value_fn: Callable[[dict[str, Any]], float | None]
+    attributes_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+def _voice_cache_attributes(data: dict[str, Any]) -> dict[str, Any]:
+    """The cells the cached voice prompts hold and how many are kept against lower classes
+    (absent on servers without a per-class prefix cache)."""
+    return {
+        name: value
+        for name in ("cells", "kept")
+        if (value := _path("prefix_cache", "by_class", "voice", name)(data)) is not None
+    }
 
 
 def _descriptions() -> list[HearthSensorDescription]:
@@ -132,6 +151,40 @@ def _descriptions() -> list[HearthSensorDescription]:
             value_fn=_percent("prefix_cache", "hit_rate"),
         ),
         HearthSensorDescription(
+            key="prefix_cache_voice_hit_rate",
+            translation_key="prefix_cache_voice_hit_rate",
+            native_unit_of_measurement=PERCENTAGE,
+            state_class=SensorStateClass.MEASUREMENT,
+            suggested_display_precision=0,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            value_fn=_voice_hit_rate,
+        ),
+        HearthSensorDescription(
+            key="prefix_cache_voice_entries",
+            translation_key="prefix_cache_voice_entries",
+            state_class=SensorStateClass.MEASUREMENT,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            value_fn=_path("prefix_cache", "by_class", "voice", "entries"),
+            attributes_fn=_voice_cache_attributes,
+        ),
+        HearthSensorDescription(
+            key="prefix_cache_voice_oldest",
+            translation_key="prefix_cache_voice_oldest",
+            device_class=SensorDeviceClass.DURATION,
+            native_unit_of_measurement=UnitOfTime.SECONDS,
+            state_class=SensorStateClass.MEASUREMENT,
+            suggested_display_precision=0,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            value_fn=_path("prefix_cache", "by_class", "voice", "oldest_s"),
+        ),
+        HearthSensorDescription(
+            key="prefix_cache_warm_ups",
+            translation_key="prefix_cache_warm_ups",
+            state_class=SensorStateClass.TOTAL_INCREASING,
+            entity_category=EntityCategory.DIAGNOSTIC,
+            value_fn=_path("prefix_cache", "warm_ups"),
+        ),
+        HearthSensorDescription(
             key="preemptions",
             translation_key="preemptions",
             state_class=SensorStateClass.TOTAL_INCREASING,
@@ -190,3 +243,10 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
     def native_value(self) -> float | None:
         """Return the value, or None when the server has no data for it."""
         return self.entity_description.value_fn(self.coordinator.data or {})
+
+    @property
+    def extra_state_attributes(self) -> dict[str, Any] | None:
+        """Return the details some sensors carry beside their value."""
+        if self.entity_description.attributes_fn is None:
+            return None
+        return self.entity_description.attributes_fn(self.coordinator.data or {}) or None

@@ -252,6 +252,12 @@ class FakeHearth:
         # does, 500 as one that is broken.
         self.health_status: int | None = None
         self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
+        # /v1/queue answers this status instead of 200 (a server gone away answers 500 here).
+        self.queue_status: int | None = None
+        # The /v1/cache/warm bodies received; warm_status: answer that error instead (404: an
+        # older server without warm-ups).
+        self.warm_requests: list[dict[str, Any]] = []
+        self.warm_status: int | None = None
         self.chat_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.chat_handler: Callable[[dict[str, Any]], list[dict[str, Any]]] = tool_call_script
         self.events_enabled = False
@@ -295,6 +301,7 @@ class FakeHearth:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/queue", self._queue)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/cache/warm", self._warm)
         app.router.add_post("/v1/jobs", self._submit_job)
         app.router.add_get("/v1/jobs/{job_id}", self._get_job)
         app.router.add_delete("/v1/jobs/{job_id}", self._cancel_job)
@@ -331,7 +338,28 @@ class FakeHearth:
     async def _queue(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return self._unauthorized()
+        if self.queue_status is not None:
+            return self._error(self.queue_status)
         return web.json_response(self.queue)
+
+    @staticmethod
+    def _error(status: int) -> web.Response:
+        return web.json_response(
+            {"error": {"message": f"status {status}", "type": "server_error", "param": None,
+                       "code": None}},
+            status=status,
+        )
+
+    async def _warm(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        self.warm_requests.append(await request.json())
+        if self.warm_status is not None:
+            return self._error(self.warm_status)
+        return web.json_response(
+            {"object": "cache.warm", "model": "fake-model", "class": "voice",
+             "prompt_tokens": 100, "cached_tokens": 0, "computed_tokens": 100, "seconds": 0.1}
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
