@@ -5,9 +5,10 @@
    the server is stopped with SIGTERM and started again (Hearth: restored from data_dir;
    llama-server keeps nothing across a restart). Also Hearth's save and restore times and the
    store's size on disk.
-2. Flood: the same satellite's turn after each burst of one-off ~900-token background prompts
-   through a 4,096-cell pool of 4 sequences: voice TTFT p50/p95 for Hearth, Hearth in fifo
-   mode with no kept share (recency and hits only) and llama-server.
+2. Flood: the same satellite's turn after each burst of four one-off ~900-token background
+   prompts through a 4,096-cell pool of 4 sequences (they and the voice prompt do not fit):
+   voice TTFT p50/p95 for Hearth, Hearth in fifo mode with no kept share (recency and hits
+   only) and llama-server.
 
 Usage: python bench/warm_cache.py [--rounds N] [--bursts N] [--out bench/results]
 """
@@ -50,7 +51,7 @@ def voice(i: int) -> list[dict]:
 
 def one_off(d: int) -> list[dict]:
     doc = " ".join(f"Reading {d}.{k}: the meter showed {d * 37 + k} units at noon." for k in
-                   range(70))
+                   range(38))
     return [{"role": "user", "content": f"Log {d}. Summarise it: {doc}"}]
 
 
