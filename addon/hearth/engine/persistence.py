@@ -34,10 +34,7 @@ class Persistence:
     _persisted: tuple[str, ...] = ()
 
     def _to_persist(self: EngineCore) -> list[PrefixEntry]:
-        """The interactive entries, in the order they are worth keeping: voice before chat,
-        most recently used first."""
-        mine = [e for e in reversed(self.pool.entries.values()) if self.pool.policy.interactive(e)]
-        return sorted(mine, key=lambda e: e.rank)
+        return self.pool.policy.by_worth(self.pool.entries.values())
 
     def _maybe_persist(self: EngineCore) -> bool:
         if self.has_work() or self.b.now() - self._persisted_at < PERSIST_EVERY_S:

@@ -27,14 +27,18 @@ class CachePolicy:
     def interactive(e: Any) -> bool:
         return e.rank <= INTERACTIVE_RANK
 
+    def by_worth(self, entries_lru: Iterable[Any]) -> list[Any]:
+        """The interactive entries in the order they are worth keeping (in the pool, and on
+        disk): voice before chat, most recently used first."""
+        return sorted((e for e in reversed(list(entries_lru)) if self.interactive(e)),
+                      key=lambda e: e.rank)  # stable: most recent first within a class
+
     def kept(self, entries_lru: Iterable[Any]) -> set[int]:
-        """Seq ids of the entries within the budget: voice before chat, most recently used
-        first; an entry that does not fit leaves room for smaller ones."""
-        cands = sorted((e for e in reversed(list(entries_lru)) if self.interactive(e)),
-                       key=lambda e: e.rank)  # stable: most recent first within a class
+        """Seq ids of the entries within the budget, in :meth:`by_worth` order; an entry that
+        does not fit leaves room for smaller ones."""
         kept: set[int] = set()
         room = self.kept_cells
-        for e in cands:
+        for e in self.by_worth(entries_lru):
             if e.own <= room:
                 kept.add(e.seq_id)
                 room -= e.own
