@@ -286,14 +286,16 @@ class KVPool:
         how many are within the kept budget, the age of the oldest, and the hit rate of that
         class's requests."""
         kept = self.kept()
+        mine: dict[int, list[PrefixEntry]] = {rank: [] for rank in RANK_NAMES}
+        for e in self.entries.values():  # one pass: this runs after every iteration
+            mine.setdefault(e.rank, []).append(e)
         out: dict[str, dict[str, Any]] = {}
         for rank, name in RANK_NAMES.items():
-            mine = [e for e in self.entries.values() if e.rank == rank]
-            lookups = self.lookups_by.get(rank, 0)
+            es, lookups = mine[rank], self.lookups_by.get(rank, 0)
             out[name] = {
-                "entries": len(mine), "cells": sum(e.own for e in mine),
-                "kept": sum(1 for e in mine if e.seq_id in kept),
-                "oldest_s": round(now - min(e.born for e in mine), 1) if mine else None,
+                "entries": len(es), "cells": sum(e.own for e in es),
+                "kept": sum(1 for e in es if e.seq_id in kept),
+                "oldest_s": round(now - min(e.born for e in es), 1) if es else None,
                 "lookups": lookups,
                 "hit_rate": round(self.hits_by.get(rank, 0) / lookups, 4) if lookups else 0.0,
             }
