@@ -118,7 +118,7 @@ class PrefixStore:
     # -- reading ---------------------------------------------------------------------------
     def load(self) -> Iterator[Saved]:
         """The valid prefixes on disk, voice before chat, most recently used first."""
-        found: list[tuple[float, Saved]] = []
+        found: list[Saved] = []
         for path in sorted(self.folder.glob("*" + SUFFIX)) if self.folder.is_dir() else []:
             try:
                 saved = self._read(path)
@@ -127,10 +127,9 @@ class PrefixStore:
                 log.warning("skipped the saved prefix %s: %s", path.name, e)
                 continue
             self.on_disk[path.name] = path.stat().st_size
-            found.append((saved.age_s, saved))
-        found.sort(key=lambda x: (x[1].rank, x[0]))
-        for _, saved in found:
-            yield saved
+            found.append(saved)
+        found.sort(key=lambda s: (s.rank, s.age_s))
+        yield from found
 
     def _read(self, path: Path) -> Saved:
         raw = path.read_bytes()
