@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also replay against this OpenAI-compatible base URL (repeatable)")
     ap.add_argument("--api-key", default=os.environ.get("HEARTH_BENCH_API_KEY"),
                     help="bearer key for the --url servers")
+    ap.add_argument("--api", default="openai",
+                    help="comma list of openai,ollama: the wire Hearth's modes are driven over; "
+                    "with both, each Hearth mode runs twice on the same trace (NAME and "
+                    "NAME-ollama) so the table shows the Ollama path's overhead")
     ap.add_argument("--workload", default=str(DEFAULT_WORKLOAD), help="workload definition")
     ap.add_argument("--duration", type=float, help="seconds of arrivals per mode")
     ap.add_argument("--load", type=float, default=1.0, help="scale every arrival rate")
@@ -179,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         if m not in HEARTH_MODES and m != ANCHOR:
             sys.exit(f"unknown mode {m!r}: choose from {', '.join([*HEARTH_MODES, ANCHOR])}")
+    apis = [a.strip() for a in args.api.split(",") if a.strip()]
+    if not apis or set(apis) - {"openai", "ollama"}:
+        sys.exit("--api takes openai, ollama or both")
+    # The Ollama rows follow each Hearth mode (llama-server has no Ollama API).
+    modes = [n for m in modes for n in ([m] if m not in HEARTH_MODES else
+                                        [m if a == "openai" else f"{m}-ollama" for a in apis])]
     urls = []
     for u in args.url:
         name, _, url = u.partition("=") if "=" in u.split("://")[0] else ("", "", u)
@@ -208,23 +218,27 @@ def main(argv: list[str] | None = None) -> int:
         progress.start_mode(i)
         cpu = CpuWatch()
         cpu.start()
-        if name in HEARTH_MODES:
+        policy, api = (name[:-7], "ollama") if name.endswith("-ollama") else (name, "openai")
+        if policy in HEARTH_MODES:
             from hearth_server import HearthServer
 
             progress.show("starting server")
-            server_args = ["--policy", name, *SERVER_ARGS, *args.server_arg]
+            server_args = ["--policy", policy, *SERVER_ARGS, *args.server_arg]
             with tempfile.TemporaryDirectory(prefix="hearth-bench-") as tmp:
                 server = HearthServer(*server_args, data_dir=Path(tmp))
                 server.start(timeout=300)
                 try:
-                    target = Target(name, server.url, model_of(server.url, None), hearth=True)
+                    target = Target(name, server.url, model_of(server.url, None),
+                                    hearth=api == "openai", api=api)
                     rp = replay(target, sessions, duration, drain, progress)
                 finally:
                     server.stop()
                 log = server.log_path
                 if log is not None and log.exists():
                     log.rename(raw / f"server-{name}.log")
-            description = HEARTH_MODES[name] + " (" + " ".join(server_args) + ")"
+            description = HEARTH_MODES[policy] + " (" + " ".join(server_args) + ")"
+            if api == "ollama":
+                description += "; over Ollama's /api/chat and /api/embed, class as model alias"
         elif name == ANCHOR:
             progress.show("starting llama-server")
             target, rp, description = run_anchor(sessions, duration, drain, progress, raw)

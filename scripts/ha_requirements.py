@@ -1,10 +1,10 @@
 """Print the pinned requirements of the Home Assistant components Hearth's tests load.
 
 Home Assistant's test plugin installs Home Assistant but not the requirements of the components
-an integration depends on, and those pins change with every release. This reads them from the
-installed release itself: the closure of `dependencies` and `after_dependencies` of Hearth's
-manifest (and of any extra domains named on the command line, such as the demo's), one
-requirement per line, for `pip install -r`.
+an integration depends on (or that its tests set up), and those pins change with every release.
+This reads them from the installed release itself: the closure of `dependencies` and
+`after_dependencies` of Hearth's manifest, of TESTED_BESIDE and of any extra domains named on
+the command line (such as the demo's), one requirement per line, for `pip install -r`.
 
 Usage: python scripts/ha_requirements.py [DOMAIN ...]
 """
@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 MANIFEST = Path(__file__).resolve().parents[1] / "custom_components" / "hearth" / "manifest.json"
+# Home Assistant's own integrations the tests set up beside Hearth's (its Ollama integration
+# against Hearth's Ollama API); their clients also serve the server tests, at the pinned version.
+TESTED_BESIDE = ["ollama"]
 
 
 def components_dir() -> Path:
@@ -51,7 +54,8 @@ def closure_requirements(roots: list[str], components: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     ours = json.loads(MANIFEST.read_text())
-    roots = [*ours.get("dependencies", []), *ours.get("after_dependencies", []), *argv]
+    roots = [*ours.get("dependencies", []), *ours.get("after_dependencies", []),
+             *TESTED_BESIDE, *argv]
     for requirement in closure_requirements(roots, components_dir()):
         print(requirement)
     return 0

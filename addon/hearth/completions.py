@@ -298,6 +298,7 @@ class Completion:
                     usage = self._chunk({}, None)
                     usage["choices"] = []
                     usage["usage"] = usage_of(ev.usage)
+                    usage["hearth"] = ev.timing
                     yield usage
 
 
@@ -363,5 +364,5 @@ async def embeddings(rt: Any, raw: Any, rank: int, user: str | None) -> dict[str
                     for i, v in enumerate(ev.embedding or [])]
             n = sum(len(x) for x in inputs)
             return {"object": "list", "data": data, "model": rt.model_id,
-                    "usage": {"prompt_tokens": n, "total_tokens": n}}
+                    "usage": {"prompt_tokens": n, "total_tokens": n}, "hearth": ev.timing}
     raise CompletionError(500, "embedding ended without a result", "embedding_failed")

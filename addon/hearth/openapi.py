@@ -8,6 +8,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from . import __version__
+from .api.ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -33,12 +34,44 @@ def _body(name: str) -> dict[str, Any]:
         "schema": {"$ref": f"#/components/schemas/{name}"}}}}
 
 
+def _ollama(errors: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's routes: bodies validated like the others, errors as ``{"error": "..."}``."""
+    obj = {"type": "object"}
+
+    def post(summary: str, body: str) -> dict[str, Any]:
+        return {"post": {"summary": summary, "tags": ["ollama"], "requestBody": _body(body),
+                         "responses": {"200": _resp("Answer (NDJSON when streamed)", obj),
+                                       **errors}}}
+
+    def get(summary: str) -> dict[str, Any]:
+        return {"get": {"summary": summary, "tags": ["ollama"],
+                        "responses": {"200": _resp(summary, obj)}}}
+
+    return {
+        "/api/version": get("The Ollama release whose API Hearth follows"),
+        "/api/tags": get("The model and its class aliases"),
+        "/api/ps": get("The loaded model"),
+        "/api/show": post("A model's details", "NamedModel"),
+        "/api/pull": post("Ollama's answer for a model Hearth serves; 404 otherwise",
+                          "NamedModel"),
+        "/api/chat": post("Ollama chat; the class from a model alias such as <model>:voice",
+                          "ChatBody"),
+        "/api/generate": post("Ollama generate", "GenerateBody"),
+        "/api/embed": post("Ollama embeddings (several inputs)", "EmbedBody"),
+        "/api/embeddings": post("Ollama's older embeddings route (one prompt)",
+                                "LegacyEmbedBody"),
+    }
+
+
 def build() -> dict[str, Any]:
     _, defs = models_json_schema(
         [(m, "validation") for m in (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
-                                     JobCreate)],
+                                     JobCreate, ChatBody, GenerateBody, EmbedBody,
+                                     LegacyEmbedBody, NamedModel)],
         ref_template="#/components/schemas/{model}")
     schemas = defs.get("$defs", {})
+    schemas["OllamaError"] = {"type": "object", "required": ["error"],
+                              "properties": {"error": {"type": "string"}}}
     schemas["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "properties": {
             "message": {"type": "string"}, "type": {"type": "string"},
@@ -100,6 +133,8 @@ def build() -> dict[str, Any]:
                                        "text/event-stream"), **_errors(400, 401)}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
             "200": _resp("Exposition", {"type": "string"}, "text/plain"), **_errors(401)}}},
+        **_ollama({k: {**v, "content": {"application/json": {"schema": {
+            "$ref": "#/components/schemas/OllamaError"}}}} for k, v in gen_errors.items()}),
     }
     return {
         "openapi": "3.1.0",

@@ -5,151 +5,41 @@ the answers."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientSession, web
-from pydantic import BaseModel, ValidationError
 
 from . import __version__, discovery
+from .api import ollama
+from .api.http import (
+    CLOSING,
+    JOBS,
+    MAX_BODY,
+    METRICS,
+    RUNTIME,
+    ApiError,
+    errors_and_auth,
+    read_body,
+    ready,
+    request_class,
+    request_user,
+)
+from .api.names import listed_names, resolve
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
-from .completions import Completion, CompletionError, embeddings, warm
+from .completions import Completion, embeddings, warm
 from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
 from .openapi import build as build_openapi
 from .runtime import Runtime
-from .scheduler import class_rank
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-RUNTIME = web.AppKey("runtime", Runtime)
-JOBS = web.AppKey("jobs", JobRunner)
-METRICS = web.AppKey("metrics", Metrics)
-CLOSING = web.AppKey("closing", asyncio.Event)
-MAX_BODY = 8 * 1024 * 1024
-OPEN_PATHS = {"/health"}
 KEEPALIVE_S = 15.0
-
-
-# -- errors ------------------------------------------------------------------------------------
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable"}
-
-
-def error_response(status: int, message: str, code: str | None = None,
-                   param: str | None = None, retry_after: float | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": _KINDS.get(status, "server_error"),
-                      "param": param, "code": code}}
-    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after else None
-    return web.json_response(body, status=status, headers=headers)
-
-
-class ApiError(CompletionError):
-    pass
-
-
-@web.middleware
-async def errors_and_auth(request: web.Request,
-                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                          ) -> web.StreamResponse:
-    key = request.app[RUNTIME].settings.api_key
-    if key and request.path not in OPEN_PATHS:
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-        # Constant-time comparison; the key is never logged.
-        if not hmac.compare_digest(token.encode(), key.encode()):
-            return error_response(401, "invalid or missing API key", "invalid_api_key")
-    try:
-        return await handler(request)
-    except CompletionError as e:
-        return error_response(e.status, e.message, e.code, e.param, e.retry_after)
-    except web.HTTPException as e:
-        if e.status >= 400:
-            code = "body_too_large" if e.status == 413 else None
-            return error_response(e.status, e.reason or "error", code)
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "internal server error", "internal_error")
-
-
-async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
-    raw = await request.read()  # raises 413 past client_max_size
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ApiError(400, "the body is not valid UTF-8", "invalid_utf8") from e
-    except RecursionError as e:  # e.g. 100,000 '[': the decoder gives up, not the input's shape
-        raise ApiError(400, "the body is nested too deeply", "invalid_json") from e
-    except ValueError as e:
-        raise ApiError(400, f"the body is not valid JSON: {e}", "invalid_json") from e
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object", "invalid_json")
-    if (where := unencodable_at(data)) is not None:
-        raise ApiError(400, f"{where or 'a key'}: the text holds a lone surrogate (an escape "
-                       "such as \\ud800 that is not half of a pair); it is not valid Unicode",
-                       "invalid_unicode", where or None)
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ApiError(400, f"{loc}: {err['msg']}" if loc else err["msg"], "invalid_value",
-                       loc or None) from e
-
-
-def unencodable_at(data: Any) -> str | None:
-    """The dotted path of the first string (or key) in ``data`` that UTF-8 cannot encode: JSON
-    allows escapes of lone surrogates, the tokenizer does not. None when all is well."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                stack.append((f"{path}.{key}" if path else str(key), item))
-                stack.append((path, key))  # a bad key is reported at its object (popped first)
-        elif isinstance(value, list):
-            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
-    return None
-
-
-def ready(request: web.Request) -> Runtime:
-    rt = request.app[RUNTIME]
-    if rt.state != "ready":
-        detail = f": {rt.error}" if rt.error else ""
-        raise ApiError(503, f"the model is {rt.state}{detail}", "model_not_ready",
-                       retry_after=5)
-    return rt
-
-
-def check_model(rt: Runtime, name: str | None) -> None:
-    if name and name not in (rt.model_id, "hearth", "default"):
-        raise ApiError(404, f"model {name!r} does not exist; this server serves "
-                            f"{rt.model_id!r}", "model_not_found", "model")
-
-
-def request_class(request: web.Request, priority: str | int | None, default: str) -> int:
-    value: str | int | None = priority
-    if value is None:
-        value = request.headers.get("X-Hearth-Class")
-    try:
-        return class_rank(value if value is not None else default)
-    except ValueError as e:
-        raise ApiError(400, str(e), "invalid_class", "priority") from e
 
 
 # -- OpenAI-compatible -------------------------------------------------------------------------
@@ -169,26 +59,30 @@ async def health(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     rt = ready(request)
-    return web.json_response({"object": "list", "data": [{
-        "id": rt.model_id, "object": "model", "created": 0, "owned_by": "hearth",
-        "meta": {"description": rt.model.description, "n_ctx": rt.backend.n_ctx,
-                 "n_ctx_seq": rt.backend.n_ctx_seq, "file": rt.model_path.name}}]})
+    meta = {"description": rt.model.description, "n_ctx": rt.backend.n_ctx,
+            "n_ctx_seq": rt.backend.n_ctx_seq, "file": rt.model_path.name}
+    data = [{"id": rt.model_id, "object": "model", "created": 0, "owned_by": "hearth",
+             "meta": meta}]
+    for name in listed_names(rt)[1:]:  # the class aliases, after the model itself
+        data.append({"id": name, "object": "model", "created": 0, "owned_by": "hearth",
+                     "meta": {**meta, "alias_of": rt.model_id, "class": name.rsplit(":", 1)[1]}})
+    return web.json_response({"object": "list", "data": data})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    check_model(rt, body.model)
+    rank = request_class(request, body.priority, "chat", resolve(rt, body.model))
     return await serve_completion(request, Completion(
-        rt, body, request_class(request, body.priority, "chat")))
+        rt, body, rank, request_user(request, body.user)))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = ready(request)
     body = await read_body(request, CompletionRequest)
-    check_model(rt, body.model)
+    rank = request_class(request, body.priority, "chat", resolve(rt, body.model))
     return await serve_completion(request, Completion(
-        rt, body, request_class(request, body.priority, "chat")))
+        rt, body, rank, request_user(request, body.user)))
 
 
 async def serve_completion(request: web.Request, comp: Completion) -> web.StreamResponse:
@@ -214,9 +108,9 @@ async def serve_completion(request: web.Request, comp: Completion) -> web.Stream
 async def embeddings_handler(request: web.Request) -> web.Response:
     rt = ready(request)
     body = await read_body(request, EmbeddingRequest)
-    check_model(rt, body.model)
-    rank = request_class(request, body.priority, "embedding")
-    return web.json_response(await embeddings(rt, body.input, rank, body.user))
+    rank = request_class(request, body.priority, "embedding", resolve(rt, body.model))
+    return web.json_response(await embeddings(rt, body.input, rank,
+                                              request_user(request, body.user)))
 
 
 # -- Hearth API --------------------------------------------------------------------------------
@@ -224,8 +118,8 @@ async def warm_cache(request: web.Request) -> web.Response:
     """Cache a chat prompt for the class that will use it (voice unless named)."""
     rt = ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    check_model(rt, body.model)
-    return web.json_response(await warm(rt, body, request_class(request, body.priority, "voice")))
+    rank = request_class(request, body.priority, "voice", resolve(rt, body.model))
+    return web.json_response(await warm(rt, body, rank))
 
 
 async def queue(request: web.Request) -> web.Response:
@@ -346,6 +240,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     r.add_get("/v1/events", events)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
+    ollama.add_routes(r)
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)

@@ -1,6 +1,8 @@
 """Replay a trace against an OpenAI-compatible server over HTTP and time it from the client.
 
-Each call is one streamed ``/v1/chat/completions`` request (or one ``/v1/embeddings`` request).
+Each call is one streamed ``/v1/chat/completions`` request (or one ``/v1/embeddings`` request);
+with ``Target.api == "ollama"`` the same call goes to Ollama's ``/api/chat`` (``/api/embed``), its
+class in the model alias (:mod:`.ollama_calls`).
 Times are seconds from the start of the replay (``t0``) on the event loop's monotonic clock:
 when the call was due, when it was sent, when its first content arrived, every content chunk,
 and when it ended. TTFT is therefore queue-inclusive: it spans the server's queue, the prefill and
@@ -22,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from . import ollama_calls
 from .workload import Call, Session
 
 
@@ -35,6 +38,7 @@ class Target:
     hearth: bool = True  # send Hearth's ``priority`` field (other servers get only the header)
     api_key: str | None = None
     embed_url: str | None = None  # where /v1/embeddings goes, if another server serves it
+    api: str = "openai"  # or "ollama": Hearth's Ollama routes, the class as a model alias
 
 
 @dataclass
@@ -98,8 +102,10 @@ class Replay:
     def in_flight(self) -> int:
         return sum(1 for r in self.results if r.sent_s is not None and r.end_s is None)
 
-    def headers(self, cls: str) -> dict[str, str]:
+    def headers(self, cls: str, user: str | None = None) -> dict[str, str]:
         h = {"X-Hearth-Class": cls}
+        if user is not None and self.target.api == "ollama":  # Ollama's bodies name no user
+            h["X-Hearth-User"] = user
         if self.target.api_key:
             h["Authorization"] = f"Bearer {self.target.api_key}"
         return h
@@ -121,13 +127,30 @@ class Replay:
             body["priority"] = s.cls
         return body
 
+    async def _chat(self, r: CallResult, s: Session, index: int, call: Call) -> None:
+        if self.target.api == "ollama":
+            await self._post(r, "/api/chat", ollama_calls.chat_body(self, s, index, call),
+                             lambda resp: ollama_calls.read_stream(self, r, resp))
+        else:
+            await self._post(r, "/v1/chat/completions", self.chat_body(s, index, call),
+                             lambda resp: self._stream(r, resp))
+
+    async def _embed(self, r: CallResult, s: Session, call: Call) -> None:
+        if self.target.api == "ollama":
+            await self._post(r, "/api/embed", ollama_calls.embed_body(self, s, call),
+                             lambda resp: ollama_calls.read_embedded(self, r, resp))
+        else:
+            await self._post(r, "/v1/embeddings", self.embed_body(s, call),
+                             lambda resp: self._embedded(r, resp))
+
     async def _post(self, r: CallResult, path: str, body: dict[str, Any],
                     handle: Callable[[aiohttp.ClientResponse], Any]) -> None:
         assert self._http is not None
         base = self.target.embed_url if path == "/v1/embeddings" else None
         url = (base or self.target.url).rstrip("/") + path
         while True:
-            async with self._http.post(url, json=body, headers=self.headers(r.cls)) as resp:
+            async with self._http.post(url, json=body,
+                                       headers=self.headers(r.cls, r.user)) as resp:
                 if resp.status == 429 and r.retries < self.max_retries:
                     r.retries += 1
                     try:
@@ -190,11 +213,9 @@ class Replay:
         r.sent_s = r.due_s
         try:
             if call.inputs is not None:
-                await self._post(r, "/v1/embeddings", self.embed_body(s, call),
-                                 lambda resp: self._embedded(r, resp))
+                await self._embed(r, s, call)
             else:
-                await self._post(r, "/v1/chat/completions", self.chat_body(s, index, call),
-                                 lambda resp: self._stream(r, resp))
+                await self._chat(r, s, index, call)
         except asyncio.CancelledError:
             r.status, r.error = "unfinished", "still running when the drain timeout ended"
             r.end_s = round(self.now(), 4)
@@ -251,12 +272,9 @@ class Replay:
             r = CallResult(session=f"warmup-{s.id}", call=0, cls=s.cls, user=s.user,
                            max_tokens=call.max_tokens, due_s=0.0)
             if call.inputs is not None:
-                await self._post(r, "/v1/embeddings", self.embed_body(s, call),
-                                 lambda resp, r=r: self._embedded(r, resp))
+                await self._embed(r, s, call)
             else:
-                body = self.chat_body(s, 0, Call(max_tokens=2, messages=call.messages))
-                await self._post(r, "/v1/chat/completions", body,
-                                 lambda resp, r=r: self._stream(r, resp))
+                await self._chat(r, s, 0, Call(max_tokens=2, messages=call.messages))
             if r.status != "ok":
                 raise RuntimeError(f"warm-up request failed on {self.target.url}: {r.error}")
 

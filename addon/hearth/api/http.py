@@ -1,0 +1,162 @@
+"""What every route shares: application keys, errors in the shape of the API asked (OpenAI's
+``{"error": {...}}`` or Ollama's ``{"error": "..."}``), auth, body validation, and who and which
+class a request is."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from ..completions import CompletionError
+from ..jobs import JobRunner
+from ..metrics import Metrics
+from ..runtime import Runtime
+from ..scheduler import class_rank
+
+log = logging.getLogger(__name__)
+
+RUNTIME = web.AppKey("runtime", Runtime)
+JOBS = web.AppKey("jobs", JobRunner)
+METRICS = web.AppKey("metrics", Metrics)
+CLOSING = web.AppKey("closing", asyncio.Event)
+MAX_BODY = 8 * 1024 * 1024
+OPEN_PATHS = {"/health"}
+OLLAMA_PREFIX = "/api/"
+
+_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable"}
+
+
+def error_response(status: int, message: str, code: str | None = None,
+                   param: str | None = None, retry_after: float | None = None,
+                   ollama: bool = False) -> web.Response:
+    if ollama:  # Ollama's clients read a bare string (the python client's ResponseError)
+        body: dict[str, Any] = {"error": message}
+    else:
+        body = {"error": {"message": message, "type": _KINDS.get(status, "server_error"),
+                          "param": param, "code": code}}
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+class ApiError(CompletionError):
+    pass
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                          ) -> web.StreamResponse:
+    ollama = request.path.startswith(OLLAMA_PREFIX)
+    key = request.app[RUNTIME].settings.api_key
+    if key and request.path not in OPEN_PATHS:
+        given = request.headers.get("Authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        # Constant-time comparison; the key is never logged.
+        if not hmac.compare_digest(token.encode(), key.encode()):
+            return error_response(401, "invalid or missing API key", "invalid_api_key",
+                                  ollama=ollama)
+    try:
+        return await handler(request)
+    except CompletionError as e:
+        return error_response(e.status, e.message, e.code, e.param, e.retry_after, ollama)
+    except web.HTTPException as e:
+        if e.status >= 400:
+            code = "body_too_large" if e.status == 413 else None
+            return error_response(e.status, e.reason or "error", code, ollama=ollama)
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal server error", "internal_error", ollama=ollama)
+
+
+def validation_error(e: ValidationError, prefix: str = "") -> ApiError:
+    """A 400 naming the first bad field, as a dotted path."""
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *err["loc"]))
+    return ApiError(400, f"{loc}: {err['msg']}" if loc else err["msg"], "invalid_value",
+                    loc or None)
+
+
+async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
+    raw = await request.read()  # raises 413 past client_max_size
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ApiError(400, "the body is not valid UTF-8", "invalid_utf8") from e
+    except RecursionError as e:  # e.g. 100,000 '[': the decoder gives up, not the input's shape
+        raise ApiError(400, "the body is nested too deeply", "invalid_json") from e
+    except ValueError as e:
+        raise ApiError(400, f"the body is not valid JSON: {e}", "invalid_json") from e
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", "invalid_json")
+    if (where := unencodable_at(data)) is not None:
+        raise ApiError(400, f"{where or 'a key'}: the text holds a lone surrogate (an escape "
+                       "such as \\ud800 that is not half of a pair); it is not valid Unicode",
+                       "invalid_unicode", where or None)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from e
+
+
+def unencodable_at(data: Any) -> str | None:
+    """The dotted path of the first string (or key) in ``data`` that UTF-8 cannot encode: JSON
+    allows escapes of lone surrogates, the tokenizer does not. None when all is well."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((f"{path}.{key}" if path else str(key), item))
+                stack.append((path, key))  # a bad key is reported at its object (popped first)
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
+
+
+def ready(request: web.Request) -> Runtime:
+    rt = request.app[RUNTIME]
+    if rt.state != "ready":
+        detail = f": {rt.error}" if rt.error else ""
+        raise ApiError(503, f"the model is {rt.state}{detail}", "model_not_ready",
+                       retry_after=5)
+    return rt
+
+
+def request_class(request: web.Request, priority: str | int | None, default: str,
+                  alias: str | None = None) -> int:
+    """The request's class: its own field, else the model alias it named, else the
+    ``X-Hearth-Class`` header, else the endpoint's default."""
+    value: str | int | None = priority if priority is not None else alias
+    if value is None:
+        value = request.headers.get("X-Hearth-Class")
+    try:
+        return class_rank(value if value is not None else default)
+    except ValueError as e:
+        raise ApiError(400, str(e), "invalid_class", "priority") from e
+
+
+def request_user(request: web.Request, user: str | None, by_address: bool = False) -> str | None:
+    """Who the request is for fairness: its own field, else the ``X-Hearth-User`` header, else
+    (for APIs without a user field, such as Ollama's) the client's address."""
+    if user:
+        return user
+    if header := request.headers.get("X-Hearth-User"):
+        return header[:256]
+    return request.remote if by_address and request.remote else None

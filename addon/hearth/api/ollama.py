@@ -1,0 +1,295 @@
+"""Ollama's API on Hearth's engine: Home Assistant's Ollama integration, Open WebUI and the
+official ``ollama`` clients work against Hearth unchanged, with the same classes (model aliases
+such as ``<name>:voice``), fairness (the client's address when a request names no user),
+queue and metrics as the OpenAI routes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from ..completions import Completion, CompletionError, embedding_inputs, embeddings
+from . import ollama_convert as convert
+from .http import ApiError, read_body, ready, request_class, request_user
+from .names import listed_names, resolve
+from .ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
+
+log = logging.getLogger(__name__)
+
+# The Ollama release whose API shapes these routes follow (clients gate features on it).
+OLLAMA_VERSION = "0.33.0"
+NDJSON = "application/x-ndjson"
+# Hearth keeps its model loaded: Ollama writes a far-off expiry for "kept alive forever".
+FOREVER = "2318-11-01T00:00:00Z"
+
+
+def _details(rt: Any) -> dict[str, Any]:
+    words = rt.model.description.split()
+    arch = rt.model.meta("general.architecture") or (words[0] if words else "")
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": rt.model.meta("general.size_label") or
+            (words[1] if len(words) > 1 else ""),
+            "quantization_level": words[-1] if len(words) > 2 else ""}
+
+
+def _file_facts(rt: Any) -> tuple[int, str, str]:
+    """Size, a digest and the modification time of the model file. The digest hashes the
+    file's identity (path, size, mtime), not its gigabytes: it changes when the file does."""
+    st = rt.model_path.stat()
+    ident = f"{rt.model_path}:{st.st_size}:{st.st_mtime_ns}".encode()
+    when = datetime.fromtimestamp(st.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return st.st_size, hashlib.sha256(ident).hexdigest(), when
+
+
+def _listed(rt: Any) -> list[dict[str, Any]]:
+    size, digest, modified = _file_facts(rt)
+    details = _details(rt)
+    # Ollama spells an untagged model "<name>:latest"; the aliases carry their class.
+    names = [f"{rt.model_id}:latest", *listed_names(rt)[1:]]
+    return [{"name": n, "model": n, "modified_at": modified, "size": size, "digest": digest,
+             "details": details} for n in names]
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_VERSION})
+
+
+async def tags(request: web.Request) -> web.Response:
+    return web.json_response({"models": _listed(ready(request))})
+
+
+async def ps(request: web.Request) -> web.Response:
+    rt = ready(request)
+    gpu = rt.settings.n_gpu_layers != 0 and any(b != "cpu" for b in rt.backends)
+    models = [{**m, "expires_at": FOREVER, "size_vram": m["size"] if gpu else 0,
+               "context_length": rt.backend.n_ctx_seq} for m in _listed(rt)[:1]]
+    return web.json_response({"models": models})
+
+
+async def show(request: web.Request) -> web.Response:
+    rt = ready(request)
+    body = await read_body(request, NamedModel)
+    resolve(rt, body.model_name() or "", ollama=True)
+    _, _, modified = _file_facts(rt)
+    arch = _details(rt)["family"]
+    info = {"general.architecture": arch, "general.name": rt.model.name,
+            f"{arch}.context_length": rt.model.n_ctx_train,
+            f"{arch}.embedding_length": rt.model.n_embd}
+    return web.json_response({
+        "modelfile": f"# Served by Hearth from {rt.model_path.name}\nFROM {rt.model_path}\n",
+        "parameters": "", "template": rt.model.chat_template() or "",
+        "details": _details(rt), "model_info": info,
+        "capabilities": ["completion", "tools", "embedding"], "modified_at": modified})
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    """Answers as Ollama does for a model it already has; Hearth downloads nothing this way."""
+    rt = ready(request)
+    body = await read_body(request, NamedModel)
+    name = body.model_name() or ""
+    try:
+        resolve(rt, name, ollama=True)
+    except ApiError as e:
+        raise ApiError(404, f"pull model manifest: Hearth cannot pull {name!r}: it serves "
+                       f"{', '.join(listed_names(rt))}. Put a GGUF file in models_dir and set "
+                       "`model` in the add-on options to serve another model.",
+                       "model_not_found", "model") from e
+    steps = ["pulling manifest", "verifying sha256 digest", "writing manifest", "success"]
+    if not body.stream:
+        return web.json_response({"status": "success"})
+    resp = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await resp.prepare(request)
+    for step in steps:
+        await resp.write(json.dumps({"status": step}).encode() + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+def _loaded(name: str, chat: bool, keep_alive: Any) -> dict[str, Any]:
+    """An empty request loads (or, with keep_alive 0, unloads) a model in Ollama."""
+    unload = keep_alive in (0, "0", "0s")
+    out: dict[str, Any] = {"model": name, "created_at": convert.created_at(), "done": True,
+                           "done_reason": "unload" if unload else "load"}
+    if chat:
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
+    return out
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    rt = ready(request)
+    body = await read_body(request, ChatBody)
+    alias = resolve(rt, body.model, ollama=True)
+    if not body.messages:
+        return web.json_response(_loaded(body.model, True, body.keep_alive))
+    inner = convert.chat_request(body, rt.settings.max_tokens_default)
+    return await _serve(request, body, inner, alias, chat=True)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    rt = ready(request)
+    body = await read_body(request, GenerateBody)
+    alias = resolve(rt, body.model, ollama=True)
+    if not body.prompt and not body.images:
+        return web.json_response(_loaded(body.model, False, body.keep_alive))
+    inner = convert.generate_request(body, rt.settings.max_tokens_default)
+    return await _serve(request, body, inner, alias, chat=False)
+
+
+async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any,
+                 alias: str | None, chat: bool) -> web.StreamResponse:
+    rt = ready(request)
+    rank = request_class(request, body.priority, "chat", alias)
+    comp = Completion(rt, inner, rank, request_user(request, body.user, by_address=True))
+    out = _Shaper(body.model, chat, raw=not comp.chat)
+    comp.submit()
+    try:
+        if not body.stream:
+            return web.json_response(out.whole(await comp.result()))
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await resp.prepare(request)
+        try:
+            async for chunk in comp.chunks():
+                for line in out.lines(chunk):
+                    await resp.write(json.dumps(line).encode() + b"\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.debug("client left stream %s", comp.id)  # the finally below cancels it
+        return resp
+    finally:
+        comp.cancel()
+
+
+class _Shaper:
+    """OpenAI chunks and responses of one request, in Ollama's shape."""
+
+    def __init__(self, model: str, chat: bool, raw: bool):
+        self.model, self.chat, self.raw = model, chat, raw
+        self.finish: str | None = None
+
+    def _base(self) -> dict[str, Any]:
+        return {"model": self.model, "created_at": convert.created_at()}
+
+    def _piece(self, content: str, thinking: str = "",
+               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        out = self._base()
+        if self.chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking:
+                msg["thinking"] = thinking
+            if calls:
+                msg["tool_calls"] = convert.tool_calls(calls)
+            out["message"] = msg
+        else:
+            out["response"] = content
+            if thinking:
+                out["thinking"] = thinking
+            if calls:
+                out["tool_calls"] = convert.tool_calls(calls)
+        return out
+
+    def whole(self, result: dict[str, Any]) -> dict[str, Any]:
+        choice = result["choices"][0]
+        if self.raw:
+            out = self._piece(choice["text"])
+        else:
+            msg = choice["message"]
+            out = self._piece(msg.get("content") or "", msg.get("reasoning_content") or "",
+                              msg.get("tool_calls"))
+        return {**out, "done": True, "done_reason": convert.done_reason(choice["finish_reason"]),
+                **convert.metrics(result["usage"], result.get("hearth"))}
+
+    def lines(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        if "error" in chunk:
+            return [{"error": chunk["error"].get("message") or "generation failed"}]
+        if "usage" in chunk and not chunk.get("choices"):  # the last chunk: counts and times
+            done = {**self._piece(""), "done": True,
+                    "done_reason": convert.done_reason(self.finish),
+                    **convert.metrics(chunk["usage"], chunk.get("hearth"))}
+            return [done]
+        choice = chunk["choices"][0]
+        if choice.get("finish_reason"):
+            self.finish = choice["finish_reason"]
+        if self.raw:
+            return [{**self._piece(choice["text"]), "done": False}] if choice["text"] else []
+        delta = choice["delta"]
+        content, thinking = delta.get("content") or "", delta.get("reasoning_content") or ""
+        calls = [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]
+        if not (content or thinking or calls):
+            return []
+        return [{**self._piece(content, thinking, calls), "done": False}]
+
+
+async def embed(request: web.Request) -> web.Response:
+    rt = ready(request)
+    body = await read_body(request, EmbedBody)
+    alias = resolve(rt, body.model, ollama=True)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    inputs = _tokens(rt, texts, body.truncate)
+    result = await _embed(request, rt, inputs, body.priority, alias, body.user)
+    vectors = [d["embedding"] for d in result["data"]]
+    if body.dimensions:
+        vectors = [_shortened(v, body.dimensions) for v in vectors]
+    timing = result.get("hearth") or {}
+    return web.json_response({
+        "model": body.model, "embeddings": vectors,
+        "total_duration": round((timing.get("e2e_ms") or 0) * 1e6), "load_duration": 0,
+        "prompt_eval_count": result["usage"]["prompt_tokens"]})
+
+
+async def legacy_embeddings(request: web.Request) -> web.Response:
+    rt = ready(request)
+    body = await read_body(request, LegacyEmbedBody)
+    alias = resolve(rt, body.model, ollama=True)
+    if not body.prompt:  # as Ollama answers an empty prompt
+        return web.json_response({"embedding": []})
+    result = await _embed(request, rt, _tokens(rt, [body.prompt], True), body.priority, alias,
+                          body.user)
+    return web.json_response({"embedding": result["data"][0]["embedding"]})
+
+
+def _tokens(rt: Any, texts: list[str], truncate: bool) -> list[list[int]]:
+    if not texts or any(not t for t in texts):
+        raise ApiError(400, "input must not be empty", "invalid_value", "input")
+    inputs = embedding_inputs(rt, texts)
+    if truncate:  # Ollama's default: cut an input to what the model can take
+        limit, _ = rt.backend.embed_limits()
+        inputs = [x[:limit] for x in inputs]
+    return inputs
+
+
+async def _embed(request: web.Request, rt: Any, inputs: list[list[int]],
+                 priority: str | int | None, alias: str | None, user: str | None
+                 ) -> dict[str, Any]:
+    rank = request_class(request, priority, "embedding", alias)
+    try:
+        return await embeddings(rt, inputs, rank, request_user(request, user, by_address=True))
+    except CompletionError as e:
+        if e.code == "context_length_exceeded":
+            e.message = f"the input length exceeds the context length: {e.message}"
+        raise
+
+
+def _shortened(vector: list[float], n: int) -> list[float]:
+    """The first ``n`` dimensions, normalised again (as Ollama's ``dimensions`` does)."""
+    head = vector[:n]
+    norm = sum(x * x for x in head) ** 0.5 or 1.0
+    return [x / norm for x in head]
+
+
+def add_routes(r: web.UrlDispatcher) -> None:
+    r.add_get("/api/version", version)
+    r.add_get("/api/tags", tags)
+    r.add_get("/api/ps", ps)
+    r.add_post("/api/show", show)
+    r.add_post("/api/pull", pull)
+    r.add_post("/api/chat", chat)
+    r.add_post("/api/generate", generate)
+    r.add_post("/api/embed", embed)
+    r.add_post("/api/embeddings", legacy_embeddings)

@@ -1,0 +1,155 @@
+"""Request bodies of Ollama's API (its ``api/types.go``), validated so that a wrong type is a 400
+naming the field. Unknown fields are ignored, as Ollama ignores them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Go's time.ParseDuration, as Ollama reads keep_alive strings ("5m", "300s", "1h30m", "-1").
+_DURATION = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)"
+                       r"(ns|us|µs|ms|s|m|h))*$")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Options(_Body):
+    """``options``: what Hearth honours is typed and used; the runner's own knobs (num_ctx,
+    num_gpu, num_thread, ...) are typed and ignored, since one engine serves every request."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    num_predict: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    num_ctx: int | None = None
+    num_keep: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    num_thread: int | None = None
+    typical_p: float | None = None
+    repeat_last_n: int | None = None
+    # Hearth: Ollama has no tool_choice; "required", "none" or a tool's name.
+    tool_choice: str | None = None
+    # Hearth: generate num_predict tokens whatever the model says (benchmarks).
+    ignore_eos: bool | None = None
+
+
+class CallFunction(_Body):
+    name: str = Field(..., min_length=1, max_length=128)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    function: CallFunction
+
+
+class Message(_Body):
+    role: str
+    content: str = ""
+    thinking: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        v = v.lower()  # as Ollama reads it
+        if v not in ("system", "user", "assistant", "tool"):
+            raise ValueError("role must be system, user, assistant or tool")
+        return v
+
+
+class _Generation(_Body):
+    model: str = Field(..., min_length=1)
+    stream: bool = True
+    format: str | dict[str, Any] | None = None
+    keep_alive: float | int | str | None = None
+    options: Options | None = None
+    think: bool | str | None = None
+    # Hearth: the class and the household member, where a client can send fields.
+    priority: str | int | None = None
+    user: str | None = Field(None, max_length=256)
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, v: float | int | str | None) -> float | int | str | None:
+        if isinstance(v, str) and v and not _DURATION.match(v.strip()):
+            raise ValueError(f"{v!r} is not a duration such as 5m, 300s or -1")
+        return v
+
+    @field_validator("think")
+    @classmethod
+    def _think(cls, v: bool | str | None) -> bool | str | None:
+        if isinstance(v, str) and v not in ("low", "medium", "high"):
+            raise ValueError("think must be true, false, low, medium or high")
+        return v
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in ("", "json"):
+            raise ValueError('format must be "json" or a JSON schema object')
+        return v or None
+
+
+class ChatBody(_Generation):
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None  # Hearth, as in options
+
+
+class GenerateBody(_Generation):
+    prompt: str = ""
+    suffix: str = ""
+    system: str | None = None
+    template: str | None = None
+    raw: bool = False
+    images: list[str] | None = None
+    context: list[int] | None = None
+
+
+class EmbedBody(_Body):
+    model: str = Field(..., min_length=1)
+    input: str | list[str]
+    truncate: bool = True
+    dimensions: int | None = Field(None, ge=1)
+    keep_alive: float | int | str | None = None
+    options: Options | None = None
+    priority: str | int | None = None
+    user: str | None = Field(None, max_length=256)
+
+
+class LegacyEmbedBody(_Body):
+    """``/api/embeddings``: one prompt, one vector."""
+
+    model: str = Field(..., min_length=1)
+    prompt: str
+    keep_alive: float | int | str | None = None
+    options: Options | None = None
+    priority: str | int | None = None
+    user: str | None = Field(None, max_length=256)
+
+
+class NamedModel(_Body):
+    """``/api/show`` and ``/api/pull`` name the model as ``model`` (or the older ``name``)."""
+
+    model: str | None = None
+    name: str | None = None
+    stream: bool = True
+
+    def model_name(self) -> str | None:
+        return self.model or self.name
