@@ -61,6 +61,19 @@ class CallResult:
     completion_tokens: int = 0
     chunk_s: list[float] = field(default_factory=list)
 
+    def content_at(self, t: float) -> None:
+        """A chunk with content (or a tool call) arrived at ``t``."""
+        if self.first_s is None:
+            self.first_s = round(t, 4)
+        self.chunk_s.append(round(t, 4))
+
+    def stream_ended(self) -> None:
+        if not self.completion_tokens:  # no usage chunk: count chunks
+            self.completion_tokens = len(self.chunk_s)
+        self.status = "ok" if self.first_s is not None else "error"
+        if self.first_s is None:
+            self.error = "stream ended without content"
+
 
 def call_seed(session_id: str, index: int) -> int:
     return zlib.crc32(f"{session_id}/{index}".encode()) & 0x7FFFFFFF
@@ -184,21 +197,14 @@ class Replay:
             for ch in chunk.get("choices") or []:
                 delta = ch.get("delta") or {}
                 if delta.get("content") or delta.get("tool_calls"):
-                    t = self.now()
-                    if r.first_s is None:
-                        r.first_s = round(t, 4)
-                    r.chunk_s.append(round(t, 4))
+                    r.content_at(self.now())
             usage = chunk.get("usage")
             if usage:
                 r.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                 r.completion_tokens = int(usage.get("completion_tokens") or 0)
                 details = usage.get("prompt_tokens_details") or {}
                 r.cached_tokens = int(details.get("cached_tokens") or 0)
-        if not r.completion_tokens:  # no usage chunk: count chunks
-            r.completion_tokens = len(r.chunk_s)
-        r.status = "ok" if r.first_s is not None else "error"
-        if r.first_s is None:
-            r.error = "stream ended without content"
+        r.stream_ended()
 
     async def _embedded(self, r: CallResult, resp: aiohttp.ClientResponse) -> None:
         out = await resp.json()

@@ -44,16 +44,11 @@ async def read_stream(rp: Replay, r: CallResult, resp: aiohttp.ClientResponse) -
             return
         msg = chunk.get("message") or {}
         if msg.get("content") or msg.get("tool_calls"):
-            t = rp.now()
-            if r.first_s is None:
-                r.first_s = round(t, 4)
-            r.chunk_s.append(round(t, 4))
+            r.content_at(rp.now())
         if chunk.get("done"):
             r.prompt_tokens = int(chunk.get("prompt_eval_count") or 0)
             r.completion_tokens = int(chunk.get("eval_count") or 0)
-    r.status = "ok" if r.first_s is not None else "error"
-    if r.first_s is None:
-        r.error = "stream ended without content"
+    r.stream_ended()
 
 
 async def read_embedded(rp: Replay, r: CallResult, resp: aiohttp.ClientResponse) -> None:
