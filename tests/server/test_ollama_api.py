@@ -166,11 +166,17 @@ def test_errors_in_ollama_shape(client, server, model):
         r = httpx.post(server.url + "/api/chat", json=body, timeout=30)
         assert r.status_code == 400, body
         assert set(r.json()) == {"error"} and r.json()["error"].startswith(field)
-    # Unknown fields are ignored, as Ollama ignores them.
+    # Unknown fields are ignored, as Ollama ignores them; an integral float is an integer
+    # (Home Assistant's Ollama integration sends its form's num_ctx as 8192.0).
     r = httpx.post(server.url + "/api/chat", timeout=60, json={
         "model": model, "stream": False, "messages": [{"role": "user", "content": "Hi"}],
-        "options": {"num_predict": 2, "mirostat": 0}, "truncate": True, "shift": True})
-    assert r.status_code == 200 and r.json()["done"]
+        "options": {"num_predict": 2.0, "num_ctx": 8192.0, "mirostat": 0}, "truncate": True,
+        "shift": True})
+    assert r.status_code == 200 and r.json()["done"] and r.json()["eval_count"] <= 2
+    r = httpx.post(server.url + "/api/chat", timeout=30, json={
+        "model": model, "messages": [{"role": "user", "content": "Hi"}],
+        "options": {"num_ctx": 8192.5}})
+    assert r.status_code == 400 and r.json()["error"].startswith("options.num_ctx")
     r = httpx.post(server.url + "/api/chat", timeout=30, json={
         "model": model, "messages": [{"role": "user", "content": "Hi", "images": ["aGk="]}]})
     assert r.status_code == 400 and "vision" in r.json()["error"]

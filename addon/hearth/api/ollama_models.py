@@ -4,9 +4,9 @@ naming the field. Unknown fields are ignored, as Ollama ignores them."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 # Go's time.ParseDuration, as Ollama reads keep_alive strings ("5m", "300s", "1h30m", "-1").
 _DURATION = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)"
@@ -17,28 +17,37 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _integral(v: Any) -> Any:
+    # Ollama converts JSON numbers to its integer options, so 8192.0 is 8192: Home Assistant's
+    # number selectors store floats, and its Ollama integration sends num_ctx as one.
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int | None, BeforeValidator(_integral)]
+
+
 class Options(_Body):
     """``options``: what Hearth honours is typed and used; the runner's own knobs (num_ctx,
     num_gpu, num_thread, ...) are typed and ignored, since one engine serves every request."""
 
     model_config = ConfigDict(extra="allow", strict=True)
-    num_predict: int | None = None
+    num_predict: Int = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int = None
     stop: list[str] | None = None
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    num_ctx: int | None = None
-    num_keep: int | None = None
-    num_batch: int | None = None
-    num_gpu: int | None = None
-    num_thread: int | None = None
+    num_ctx: Int = None
+    num_keep: Int = None
+    num_batch: Int = None
+    num_gpu: Int = None
+    num_thread: Int = None
     typical_p: float | None = None
-    repeat_last_n: int | None = None
+    repeat_last_n: Int = None
     # Hearth: Ollama has no tool_choice; "required", "none" or a tool's name.
     tool_choice: str | None = None
     # Hearth: generate num_predict tokens whatever the model says (benchmarks).
