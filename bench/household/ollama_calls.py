@@ -48,6 +48,8 @@ async def read_stream(rp: Replay, r: CallResult, resp: aiohttp.ClientResponse) -
         if chunk.get("done"):
             r.prompt_tokens = int(chunk.get("prompt_eval_count") or 0)
             r.completion_tokens = int(chunk.get("eval_count") or 0)
+            # Ollama has no field for it; Hearth's timings beside it count the cached prompt.
+            r.cached_tokens = int((chunk.get("hearth") or {}).get("cached_tokens") or 0)
     r.stream_ended()
 
 

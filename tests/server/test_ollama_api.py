@@ -62,6 +62,17 @@ def test_chat_streams_and_whole(client, model):
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].eval_count == whole.eval_count
 
+def test_hearth_timings_beside_ollamas_counts(server, model):
+    """The final chunk carries Hearth's timings too (clients ignore the field): the cached
+    prompt, which Ollama has no field for, and the class."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello again."}],
+            "options": {"num_predict": 2}}
+    lines = [json.loads(line) for line in httpx.post(
+        server.url + "/api/chat", json=body, timeout=60).text.splitlines()]
+    assert lines[-1]["done"] and lines[-1]["hearth"]["class"] == "chat"
+    whole = httpx.post(server.url + "/api/chat", json={**body, "stream": False}, timeout=60)
+    assert whole.json()["hearth"]["cached_tokens"] > 0  # the same prompt again
+
 
 def test_generate_stream_and_raw(client, model):
     out = client.generate(model=model, prompt="The capital of France is",
@@ -166,6 +177,9 @@ def test_errors_in_ollama_shape(client, server, model):
         r = httpx.post(server.url + "/api/chat", json=body, timeout=30)
         assert r.status_code == 400, body
         assert set(r.json()) == {"error"} and r.json()["error"].startswith(field)
+    for path in ("/api/show", "/api/pull"):
+        r = httpx.post(server.url + path, json={}, timeout=30)
+        assert r.status_code == 400 and r.json() == {"error": "model: model is required"}
     # Unknown fields are ignored, as Ollama ignores them; an integral float is an integer
     # (Home Assistant's Ollama integration sends its form's num_ctx as 8192.0).
     r = httpx.post(server.url + "/api/chat", timeout=60, json={

@@ -152,17 +152,28 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-async def _drop_mid_stream(url: str, n: int) -> int:
-    body = {"messages": [{"role": "user", "content": "Tell me a long story."}],
-            "stream": True, "max_tokens": 400, "ignore_eos": True}
+# Per API: where a stream goes, its body, and how a line with content looks.
+DROPPED_STREAMS = {
+    "openai": ("/v1/chat/completions", {"stream": True, "max_tokens": 400, "ignore_eos": True},
+               lambda line: line.startswith(b"data: ") and b'"content"' in line
+               and b'""' not in line),
+    "ollama": ("/api/chat", {"model": "hearth", "options": {"num_predict": 400,
+                                                           "ignore_eos": True}},
+               lambda line: b'"done": false' in line),
+}
+
+
+async def _drop_mid_stream(url: str, n: int, api: str) -> int:
+    path, extra, has_content = DROPPED_STREAMS[api]
+    body = {"messages": [{"role": "user", "content": "Tell me a long story."}], **extra}
     got_tokens = 0
 
     async def one(session: aiohttp.ClientSession) -> None:
         nonlocal got_tokens
-        async with session.post(url + "/v1/chat/completions", json=body) as r:
+        async with session.post(url + path, json=body) as r:
             assert r.status == 200
             async for line in r.content:
-                if line.startswith(b"data: ") and b'"content"' in line and b'""' not in line:
+                if has_content(line):
                     got_tokens += 1
                     return  # leave with the stream still running
 
@@ -171,9 +182,10 @@ async def _drop_mid_stream(url: str, n: int) -> int:
     return got_tokens
 
 
-def test_forty_clients_dropping_mid_stream_leave_nothing_behind(server):
+@pytest.mark.parametrize("api", sorted(DROPPED_STREAMS))
+def test_forty_clients_dropping_mid_stream_leave_nothing_behind(server, api):
     _, idle = server.get("/v1/queue")
-    got = asyncio.run(_drop_mid_stream(server.url, 40))
+    got = asyncio.run(_drop_mid_stream(server.url, 40, api))
     assert got == 40  # each saw its stream start, then hung up
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -55,6 +55,13 @@ def _listed(rt: Any) -> list[dict[str, Any]]:
              "details": details} for n in names]
 
 
+def _named(body: NamedModel) -> str:
+    try:
+        return body.model_name()
+    except ValueError as e:
+        raise ApiError(400, "model: model is required", "invalid_value", "model") from e
+
+
 async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": OLLAMA_VERSION})
 
@@ -74,7 +81,7 @@ async def ps(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     rt = ready(request)
     body = await read_body(request, NamedModel)
-    resolve(rt, body.model_name() or "", ollama=True)
+    resolve(rt, _named(body), ollama=True)
     _, _, modified = _file_facts(rt)
     arch = _details(rt)["family"]
     info = {"general.architecture": arch, "general.name": rt.model.name,
@@ -91,7 +98,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
     """Answers as Ollama does for a model it already has; Hearth downloads nothing this way."""
     rt = ready(request)
     body = await read_body(request, NamedModel)
-    name = body.model_name() or ""
+    name = _named(body)
     try:
         resolve(rt, name, ollama=True)
     except ApiError as e:
@@ -203,7 +210,8 @@ class _Shaper:
             out = self._piece(msg.get("content") or "", msg.get("reasoning_content") or "",
                               msg.get("tool_calls"))
         return {**out, "done": True, "done_reason": convert.done_reason(choice["finish_reason"]),
-                **convert.metrics(result["usage"], result.get("hearth"))}
+                **convert.metrics(result["usage"], result.get("hearth")),
+                "hearth": result.get("hearth")}
 
     def lines(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if "error" in chunk:
@@ -211,7 +219,8 @@ class _Shaper:
         if "usage" in chunk and not chunk.get("choices"):  # the last chunk: counts and times
             done = {**self._piece(""), "done": True,
                     "done_reason": convert.done_reason(self.finish),
-                    **convert.metrics(chunk["usage"], chunk.get("hearth"))}
+                    **convert.metrics(chunk["usage"], chunk.get("hearth")),
+                    "hearth": chunk.get("hearth")}
             return [done]
         choice = chunk["choices"][0]
         if choice.get("finish_reason"):

@@ -160,5 +160,7 @@ class NamedModel(_Body):
     name: str | None = None
     stream: bool = True
 
-    def model_name(self) -> str | None:
-        return self.model or self.name
+    def model_name(self) -> str:
+        if not (self.model or self.name):
+            raise ValueError("model is required")
+        return self.model or self.name or ""
