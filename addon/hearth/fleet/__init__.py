@@ -1,0 +1,1 @@
+"""Models and workers: which models exist, what each costs in memory, which are resident."""
