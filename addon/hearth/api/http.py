@@ -27,7 +27,7 @@ JOBS = web.AppKey("jobs", JobRunner)
 METRICS = web.AppKey("metrics", Metrics)
 CLOSING = web.AppKey("closing", asyncio.Event)
 MAX_BODY = 8 * 1024 * 1024
-OPEN_PATHS = {"/health"}
+OPEN_PATHS = {"/health", "/"}
 OLLAMA_PREFIX = "/api/"
 
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,13 +29,34 @@ NDJSON = "application/x-ndjson"
 FOREVER = "2318-11-01T00:00:00Z"
 
 
+def _quantization(description: str) -> str:
+    """Ollama's spelling of llama.cpp's file type: "Q4_K - Medium" -> "Q4_K_M"."""
+    words = description.split(maxsplit=2)
+    name = words[2].removeprefix("(guessed) ") if len(words) > 2 else ""
+    base, _, size = name.partition(" - ")
+    if size in ("Small", "Medium", "Large"):
+        return f"{base}_{size[0]}"
+    return base  # e.g. "IQ4_XS - 4.25 bpw" -> "IQ4_XS"
+
+
 def _details(rt: Any) -> dict[str, Any]:
     words = rt.model.description.split()
     arch = rt.model.meta("general.architecture") or (words[0] if words else "")
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
             "parameter_size": rt.model.meta("general.size_label") or
             (words[1] if len(words) > 1 else ""),
-            "quantization_level": words[-1] if len(words) > 2 else ""}
+            "quantization_level": _quantization(rt.model.description)}
+
+
+def _capabilities(rt: Any) -> list[str]:
+    """As Ollama lists them for a chat model: tools (Hearth lists tools for any template) and
+    thinking where the template has a chain of thought. Not "embedding": Ollama reserves it for
+    embedding-only models, and clients hide those from chat pickers."""
+    template = rt.model.chat_template() or ""
+    caps = ["completion", "tools"]
+    if any(mark in template for mark in ("<think>", "enable_thinking", "reasoning_content")):
+        caps.append("thinking")
+    return caps
 
 
 def _file_facts(rt: Any) -> tuple[int, str, str]:
@@ -91,7 +113,7 @@ async def show(request: web.Request) -> web.Response:
         "modelfile": f"# Served by Hearth from {rt.model_path.name}\nFROM {rt.model_path}\n",
         "parameters": "", "template": rt.model.chat_template() or "",
         "details": _details(rt), "model_info": info,
-        "capabilities": ["completion", "tools", "embedding"], "modified_at": modified})
+        "capabilities": _capabilities(rt), "modified_at": modified})
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
@@ -117,9 +139,16 @@ async def pull(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+def _zero(duration: Any) -> bool:
+    if isinstance(duration, int | float):
+        return duration == 0
+    numbers = re.findall(r"\d+(?:\.\d*)?|\.\d+", duration or "")
+    return bool(numbers) and all(float(n) == 0 for n in numbers)
+
+
 def _loaded(name: str, chat: bool, keep_alive: Any) -> dict[str, Any]:
     """An empty request loads (or, with keep_alive 0, unloads) a model in Ollama."""
-    unload = keep_alive in (0, "0", "0s")
+    unload = keep_alive is not None and _zero(keep_alive)
     out: dict[str, Any] = {"model": name, "created_at": convert.created_at(), "done": True,
                            "done_reason": "unload" if unload else "load"}
     if chat:
@@ -153,7 +182,10 @@ async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any
                  alias: str | None, chat: bool) -> web.StreamResponse:
     rt = ready(request)
     rank = request_class(request, body.priority, "chat", alias)
-    comp = Completion(rt, inner, rank, request_user(request, body.user, by_address=True))
+    try:
+        comp = Completion(rt, inner, rank, request_user(request, body.user, by_address=True))
+    except CompletionError as e:
+        raise convert.renamed(e) from e
     out = _Shaper(body.model, chat, raw=not comp.chat)
     comp.submit()
     try:
@@ -229,7 +261,7 @@ class _Shaper:
             return [{**self._piece(choice["text"]), "done": False}] if choice["text"] else []
         delta = choice["delta"]
         content, thinking = delta.get("content") or "", delta.get("reasoning_content") or ""
-        calls = [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]
+        calls = delta.get("tool_calls") or []  # each keeps its index across the answer
         if not (content or thinking or calls):
             return []
         return [{**self._piece(content, thinking, calls), "done": False}]
@@ -239,11 +271,13 @@ async def embed(request: web.Request) -> web.Response:
     rt = ready(request)
     body = await read_body(request, EmbedBody)
     alias = resolve(rt, body.model, ollama=True)
-    texts = [body.input] if isinstance(body.input, str) else body.input
+    texts = [body.input] if isinstance(body.input, str) else body.input or []
+    if not any(texts):  # as Ollama answers no input
+        return web.json_response({"model": body.model, "embeddings": []})
     inputs = _tokens(rt, texts, body.truncate)
     result = await _embed(request, rt, inputs, body.priority, alias, body.user)
     vectors = [d["embedding"] for d in result["data"]]
-    if body.dimensions:
+    if body.dimensions and body.dimensions > 0:  # Ollama takes <= 0 as unset
         vectors = [_shortened(v, body.dimensions) for v in vectors]
     timing = result.get("hearth") or {}
     return web.json_response({
@@ -264,8 +298,8 @@ async def legacy_embeddings(request: web.Request) -> web.Response:
 
 
 def _tokens(rt: Any, texts: list[str], truncate: bool) -> list[list[int]]:
-    if not texts or any(not t for t in texts):
-        raise ApiError(400, "input must not be empty", "invalid_value", "input")
+    if any(not t for t in texts):
+        raise ApiError(400, "an input is empty", "invalid_value", "input")
     inputs = embedding_inputs(rt, texts)
     if truncate:  # Ollama's default: cut an input to what the model can take
         limit, _ = rt.backend.embed_limits()
@@ -292,7 +326,13 @@ def _shortened(vector: list[float], n: int) -> list[float]:
     return [x / norm for x in head]
 
 
+async def root(request: web.Request) -> web.Response:
+    """Ollama's liveness check (its CLI's heartbeat, some clients' connection tests)."""
+    return web.Response(text="Hearth is running (Ollama's API on /api, OpenAI's on /v1)")
+
+
 def add_routes(r: web.UrlDispatcher) -> None:
+    r.add_get("/", root)  # add_get answers HEAD too
     r.add_get("/api/version", version)
     r.add_get("/api/tags", tags)
     r.add_get("/api/ps", ps)

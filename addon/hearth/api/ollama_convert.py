@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api_models import ChatCompletionRequest, CompletionRequest
+from ..completions import CompletionError
 from .http import ApiError, validation_error
 from .ollama_models import ChatBody, GenerateBody, Message, Options
 
@@ -26,7 +27,7 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "m
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
 _FIELD_NAMES = {**{v: f"options.{k}" for k, v in SAMPLING.items()},
                 "max_tokens": "options.num_predict", "response_format": "format",
-                "chat_template_kwargs": "think"}
+                "chat_template_kwargs": "think", "tool_choice": "options.tool_choice"}
 
 
 def created_at() -> str:
@@ -34,13 +35,27 @@ def created_at() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# Ollama takes any value; the sampler's useful range is this (beyond it, the same as its edge).
+_CLAMPS = {"temperature": (0.0, 2.0), "min_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+           "frequency_penalty": (-2.0, 2.0)}
+# Values that mean "off" in Ollama (and llama.cpp), where Hearth's fields want them left unset.
+_OFF = {"top_p": lambda v: v <= 0 or v > 1, "top_k": lambda v: v < 0,
+        "repeat_penalty": lambda v: v <= 0}
+
+
 def _sampling(options: Options | None, default_max: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if options is None:
         return {"max_tokens": default_max}
     for name, field in SAMPLING.items():
-        if (value := getattr(options, name)) is not None:
-            out[field] = value
+        if (value := getattr(options, name)) is None:
+            continue
+        if name in _CLAMPS:
+            low, high = _CLAMPS[name]
+            value = min(max(value, low), high)
+        if name in _OFF and _OFF[name](value):
+            continue
+        out[field] = value
     if options.ignore_eos:
         out["ignore_eos"] = True
     # num_predict -1 (until the end) and -2 (fill the context) take Hearth's bound.
@@ -54,8 +69,8 @@ def _thinking(think: bool | str | None) -> dict[str, Any]:
     if think is None:
         return {}
     kwargs: dict[str, Any] = {"enable_thinking": True}
-    if isinstance(think, str):
-        kwargs["reasoning_effort"] = think  # the templates that take a level (gpt-oss) read it
+    if isinstance(think, str):  # the templates that take a level (gpt-oss) read it
+        kwargs["reasoning_effort"] = "high" if think == "max" else think
     return {"chat_template_kwargs": kwargs}
 
 
@@ -93,18 +108,26 @@ def _message(m: Message, index: int) -> dict[str, Any]:
     return out
 
 
+def renamed(err: CompletionError) -> CompletionError:
+    """The error naming the field as the Ollama client sent it (``format``, not
+    ``response_format``)."""
+    field = (err.param or "").split(".")[0]
+    if field in _FIELD_NAMES:
+        name = _FIELD_NAMES[field]
+        if err.message.startswith(field):
+            err.message = name + err.message[len(field):]
+        else:
+            err.message = f"{name}: {err.message}"
+        err.param = name
+    return err
+
+
 def _validated(model: type[ChatCompletionRequest] | type[CompletionRequest],
                data: dict[str, Any]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        err = validation_error(e)
-        field = (err.param or "").split(".")[0]
-        if field in _FIELD_NAMES:  # name the field as the client sent it
-            name = _FIELD_NAMES[field]
-            err.message = name + err.message[len(field):]
-            err.param = name
-        raise err from e
+        raise renamed(validation_error(e)) from e
 
 
 def _common(body: ChatBody | GenerateBody, default_max: int) -> dict[str, Any]:
@@ -126,9 +149,12 @@ def generate_request(body: GenerateBody, default_max: int
                      ) -> ChatCompletionRequest | CompletionRequest:
     if body.suffix:
         raise ApiError(400, f"{body.model} does not support insert", "invalid_value", "suffix")
-    if body.template:
+    if body.template and not body.raw:
         log.info("ollama generate: a custom template is not used; the model's own renders it")
     if body.raw:
+        if body.system or body.context or body.format or body.template:
+            raise ApiError(400, "raw mode does not support template, system, context or "
+                           "format", "invalid_value", "raw")
         return _validated(CompletionRequest, {**_common(body, default_max),
                                               "prompt": body.prompt})
     messages = [Message(role="system", content=body.system)] if body.system else []
@@ -162,6 +188,7 @@ def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI tool calls (arguments as a JSON string) as Ollama's (arguments as an object)."""
     out = []
     for i, call in enumerate(calls):
+        index = call.get("index", i)  # a streamed call's own index across the answer
         fn = call["function"]
         try:
             args = json.loads(fn.get("arguments") or "{}")
@@ -171,6 +198,6 @@ def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             log.warning("tool call %s: arguments are not a JSON object: %r", fn["name"],
                         fn.get("arguments"))
             args = {}
-        out.append({"id": call.get("id"), "function": {"index": i, "name": fn["name"],
+        out.append({"id": call.get("id"), "function": {"index": index, "name": fn["name"],
                                                         "arguments": args}})
     return out

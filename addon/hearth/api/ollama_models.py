@@ -18,9 +18,15 @@ class _Body(BaseModel):
 
 
 def _integral(v: Any) -> Any:
-    # Ollama converts JSON numbers to its integer options, so 8192.0 is 8192: Home Assistant's
-    # number selectors store floats, and its Ollama integration sends num_ctx as one.
-    return int(v) if isinstance(v, float) and v.is_integer() else v
+    # Ollama converts JSON numbers to its integer options (truncating), so 8192.0 is 8192:
+    # Home Assistant's number selectors store floats, and its Ollama integration sends num_ctx
+    # as one.
+    return int(v) if isinstance(v, float) and v == v and abs(v) < 2**63 else v
+
+
+def _null_is_default(default: Any) -> BeforeValidator:
+    # Go leaves a JSON null as the zero value: null content is "", null stream the default.
+    return BeforeValidator(lambda v: default if v is None else v)
 
 
 Int = Annotated[int | None, BeforeValidator(_integral)]
@@ -66,7 +72,7 @@ class ToolCall(_Body):
 
 class Message(_Body):
     role: str
-    content: str = ""
+    content: Annotated[str, _null_is_default("")] = ""
     thinking: str | None = None
     images: list[str] | None = None
     tool_calls: list[ToolCall] | None = None
@@ -84,7 +90,7 @@ class Message(_Body):
 
 class _Generation(_Body):
     model: str = Field(..., min_length=1)
-    stream: bool = True
+    stream: Annotated[bool, _null_is_default(True)] = True
     format: str | dict[str, Any] | None = None
     keep_alive: float | int | str | None = None
     options: Options | None = None
@@ -103,8 +109,8 @@ class _Generation(_Body):
     @field_validator("think")
     @classmethod
     def _think(cls, v: bool | str | None) -> bool | str | None:
-        if isinstance(v, str) and v not in ("low", "medium", "high"):
-            raise ValueError("think must be true, false, low, medium or high")
+        if isinstance(v, str) and v not in ("low", "medium", "high", "max"):
+            raise ValueError("think must be true, false, low, medium, high or max")
         return v
 
     @field_validator("format")
@@ -133,9 +139,9 @@ class GenerateBody(_Generation):
 
 class EmbedBody(_Body):
     model: str = Field(..., min_length=1)
-    input: str | list[str]
+    input: str | list[str] | None = None
     truncate: bool = True
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = None
     keep_alive: float | int | str | None = None
     options: Options | None = None
     priority: str | int | None = None
@@ -146,7 +152,7 @@ class LegacyEmbedBody(_Body):
     """``/api/embeddings``: one prompt, one vector."""
 
     model: str = Field(..., min_length=1)
-    prompt: str
+    prompt: str = ""
     keep_alive: float | int | str | None = None
     options: Options | None = None
     priority: str | int | None = None
