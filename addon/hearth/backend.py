@@ -10,6 +10,12 @@ from .llama_adapter import Context, ContextParams, Model, Sampler, Utf8Decoder
 from .requests import SamplingParams
 
 
+def l2_normalised(vector: Any) -> list[float]:
+    """``vector`` scaled to unit length (a zero vector stays zero)."""
+    norm = sum(x * x for x in vector) ** 0.5 or 1.0
+    return [x / norm for x in vector]
+
+
 class LlamaBackend:
     def __init__(self, model: Model, params: ContextParams, embed_model: Model | None = None,
                  embed_batch: int = 2048, embed_inputs: int = 32):
@@ -108,9 +114,7 @@ class LlamaBackend:
                 raise RuntimeError(f"llama_decode returned {status}")
             out = []
             for s in range(len(inputs)):
-                v = ctx.sequence_embedding(s)
-                norm = sum(x * x for x in v) ** 0.5 or 1.0
-                out.append([x / norm for x in v])
+                out.append(l2_normalised(ctx.sequence_embedding(s)))
             return out
         finally:
             ctx.clear()

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from .api.http import (
     ready,
     request_class,
     request_user,
+    serve_completion,
 )
 from .api.names import listed_names, resolve
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
@@ -73,7 +75,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = ready(request)
     body = await read_body(request, ChatCompletionRequest)
     rank = request_class(request, body.priority, "chat", resolve(rt, body.model))
-    return await serve_completion(request, Completion(
+    return await openai_answer(request, Completion(
         rt, body, rank, request_user(request, body.user)))
 
 
@@ -81,28 +83,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rt = ready(request)
     body = await read_body(request, CompletionRequest)
     rank = request_class(request, body.priority, "chat", resolve(rt, body.model))
-    return await serve_completion(request, Completion(
+    return await openai_answer(request, Completion(
         rt, body, rank, request_user(request, body.user)))
 
 
-async def serve_completion(request: web.Request, comp: Completion) -> web.StreamResponse:
-    comp.submit()
-    try:
-        if not comp.body.stream:
-            return web.json_response(await comp.result())
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        try:
-            async for chunk in comp.chunks():
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except ConnectionResetError:
-            log.debug("client left stream %s", comp.id)  # the finally below cancels it
-        return resp
-    finally:
-        comp.cancel()  # no-op when finished; frees the sequence when the client went away
+async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def openai_answer(request: web.Request, comp: Completion) -> Awaitable[web.StreamResponse]:
+    return serve_completion(request, comp, comp.body.stream, "text/event-stream", _sse)
 
 
 async def embeddings_handler(request: web.Request) -> web.Response:

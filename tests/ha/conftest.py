@@ -88,21 +88,25 @@ def fail_on_deprecation(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     assert not (reports := deprecation_reports(records)), "\n".join(reports)
 
 
-@pytest.fixture(scope="session")
-def hearth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HearthServer]:
-    """One real Hearth server (SmolLM2-135M, API key required) for the whole session."""
+def start_real_server(tmp_path_factory: pytest.TempPathFactory, *args: str) -> HearthServer:
+    """Start a real Hearth server (SmolLM2-135M, one thread) with extra flags ``args``."""
     # Home Assistant's plugin blocks sockets in tests; picking a port and waiting for /health
     # need them here.
     saved = socket.socket
     pytest_socket.enable_socket()
     try:
-        server = HearthServer(
-            "--api-key", API_KEY, "--n-threads", "1",
-            data_dir=tmp_path_factory.mktemp("hearth-data"),
-        )
+        server = HearthServer(*args, "--n-threads", "1",
+                              data_dir=tmp_path_factory.mktemp("hearth-data"))
         server.start()
     finally:
         socket.socket = saved
+    return server
+
+
+@pytest.fixture(scope="session")
+def hearth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HearthServer]:
+    """One real Hearth server (SmolLM2-135M, API key required) for the whole session."""
+    server = start_real_server(tmp_path_factory, "--api-key", API_KEY)
     yield server
     server.stop()
 
@@ -115,16 +119,28 @@ def open_chat_session(hass: HomeAssistant, context: Context | None = None) -> An
     return chat_session.async_get_chat_session(hass)
 
 
+def server_get(server: HearthServer, path: str, key: str | None = API_KEY) -> dict[str, Any]:
+    """GET ``path`` from the real server (blocking; call it in an executor)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    status, data = server.get(path, headers=headers)
+    assert status == 200, (path, data)
+    return data
+
+
 def server_queue(server: HearthServer) -> dict[str, Any]:
     """Read /v1/queue from the real server (blocking; call it in an executor)."""
-    status, data = server.get("/v1/queue", headers={"Authorization": f"Bearer {API_KEY}"})
-    assert status == 200, data
-    return data
+    return server_get(server, "/v1/queue")
+
+
+async def async_server_get(hass: HomeAssistant, server: HearthServer, path: str,
+                           key: str | None = API_KEY) -> dict[str, Any]:
+    """GET ``path`` from the real server without blocking the event loop."""
+    return await hass.async_add_executor_job(server_get, server, path, key)
 
 
 async def async_queue(hass: HomeAssistant, server: HearthServer) -> dict[str, Any]:
     """Read /v1/queue from the real server without blocking the event loop."""
-    return await hass.async_add_executor_job(server_queue, server)
+    return await async_server_get(hass, server, "/v1/queue")
 
 
 def subentry(

@@ -7,12 +7,10 @@ The class a turn ran at is read from the server's own /v1/queue over HTTP.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_socket
 import voluptuous as vol
 from hearth_server import HearthServer
 from homeassistant.components import ai_task
@@ -24,7 +22,7 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import intent
 from homeassistant.setup import async_setup_component
 
-from .conftest import async_wait_for
+from .conftest import async_server_get, async_wait_for, start_real_server
 
 pytestmark = [pytest.mark.ha, pytest.mark.model, pytest.mark.usefixtures("socket_enabled")]
 
@@ -37,30 +35,14 @@ MAX_NAME = 24
 def ollama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HearthServer]:
     """One real Hearth server for this module, without an API key: the Ollama integration of
     the oldest release tested (2026.2) cannot send one."""
-    # Home Assistant's plugin blocks sockets in tests; picking a port and waiting for /health
-    # need them here.
-    saved = socket.socket
-    pytest_socket.enable_socket()
-    try:
-        server = HearthServer(
-            "--n-threads", "1", data_dir=tmp_path_factory.mktemp("hearth-ollama-data")
-        )
-        server.start()
-    finally:
-        socket.socket = saved
+    server = start_real_server(tmp_path_factory)
     yield server
     server.stop()
 
 
-def _get(server: HearthServer, path: str) -> dict[str, Any]:
-    status, data = server.get(path)
-    assert status == 200, (path, data)
-    return data
-
-
 async def _server_get(hass: HomeAssistant, server: HearthServer, path: str) -> dict[str, Any]:
-    """GET a path of the real server without blocking the event loop."""
-    return await hass.async_add_executor_job(_get, server, path)
+    """GET a path of the real (keyless) server without blocking the event loop."""
+    return await async_server_get(hass, server, path, key=None)
 
 
 async def _completed(hass: HomeAssistant, server: HearthServer) -> dict[str, int]:

@@ -8,13 +8,13 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from ..completions import CompletionError
+from ..completions import Completion, CompletionError
 from ..jobs import JobRunner
 from ..metrics import Metrics
 from ..runtime import Runtime
@@ -160,3 +160,28 @@ def request_user(request: web.Request, user: str | None, by_address: bool = Fals
     if header := request.headers.get("X-Hearth-User"):
         return header[:256]
     return request.remote if by_address and request.remote else None
+
+
+async def serve_completion(
+    request: web.Request, comp: Completion, stream: bool, content_type: str,
+    frames: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[bytes]],
+    whole: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r,
+) -> web.StreamResponse:
+    """Submit ``comp`` and write its answer: the whole response, or its chunks as the wire's
+    ``frames``. A client that leaves mid-stream cancels the request and frees its sequence."""
+    comp.submit()
+    try:
+        if not stream:
+            return web.json_response(whole(await comp.result()))
+        resp = web.StreamResponse(headers={"Content-Type": content_type,
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            async for frame in frames(comp.chunks()):
+                await resp.write(frame)
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.debug("client left stream %s", comp.id)  # the finally below cancels it
+        return resp
+    finally:
+        comp.cancel()  # no-op when finished; frees the sequence when the client went away

@@ -9,14 +9,16 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
+from ..backend import l2_normalised
 from ..completions import Completion, CompletionError, embedding_inputs, embeddings
 from . import ollama_convert as convert
-from .http import ApiError, read_body, ready, request_class, request_user
+from .http import ApiError, read_body, ready, request_class, request_user, serve_completion
 from .names import listed_names, resolve
 from .ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
 
@@ -64,7 +66,7 @@ def _file_facts(rt: Any) -> tuple[int, str, str]:
     file's identity (path, size, mtime), not its gigabytes: it changes when the file does."""
     st = rt.model_path.stat()
     ident = f"{rt.model_path}:{st.st_size}:{st.st_mtime_ns}".encode()
-    when = datetime.fromtimestamp(st.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    when = convert.go_time(datetime.fromtimestamp(st.st_mtime, UTC))
     return st.st_size, hashlib.sha256(ident).hexdigest(), when
 
 
@@ -105,14 +107,15 @@ async def show(request: web.Request) -> web.Response:
     body = await read_body(request, NamedModel)
     resolve(rt, _named(body), ollama=True)
     _, _, modified = _file_facts(rt)
-    arch = _details(rt)["family"]
+    details = _details(rt)
+    arch = details["family"]
     info = {"general.architecture": arch, "general.name": rt.model.name,
             f"{arch}.context_length": rt.model.n_ctx_train,
             f"{arch}.embedding_length": rt.model.n_embd}
     return web.json_response({
         "modelfile": f"# Served by Hearth from {rt.model_path.name}\nFROM {rt.model_path}\n",
         "parameters": "", "template": rt.model.chat_template() or "",
-        "details": _details(rt), "model_info": info,
+        "details": details, "model_info": info,
         "capabilities": _capabilities(rt), "modified_at": modified})
 
 
@@ -165,7 +168,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not body.messages:
         return web.json_response(_loaded(body.model, True, body.keep_alive))
     inner = convert.chat_request(body, rt.settings.max_tokens_default)
-    return await _serve(request, body, inner, alias, chat=True)
+    return await _serve(request, rt, body, inner, alias, chat=True)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -175,34 +178,24 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not body.prompt and not body.images:
         return web.json_response(_loaded(body.model, False, body.keep_alive))
     inner = convert.generate_request(body, rt.settings.max_tokens_default)
-    return await _serve(request, body, inner, alias, chat=False)
+    return await _serve(request, rt, body, inner, alias, chat=False)
 
 
-async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any,
+async def _serve(request: web.Request, rt: Any, body: ChatBody | GenerateBody, inner: Any,
                  alias: str | None, chat: bool) -> web.StreamResponse:
-    rt = ready(request)
     rank = request_class(request, body.priority, "chat", alias)
     try:
         comp = Completion(rt, inner, rank, request_user(request, body.user, by_address=True))
     except CompletionError as e:
         raise convert.renamed(e) from e
     out = _Shaper(body.model, chat, raw=not comp.chat)
-    comp.submit()
-    try:
-        if not body.stream:
-            return web.json_response(out.whole(await comp.result()))
-        resp = web.StreamResponse(headers={"Content-Type": NDJSON})
-        await resp.prepare(request)
-        try:
-            async for chunk in comp.chunks():
-                for line in out.lines(chunk):
-                    await resp.write(json.dumps(line).encode() + b"\n")
-            await resp.write_eof()
-        except ConnectionResetError:
-            log.debug("client left stream %s", comp.id)  # the finally below cancels it
-        return resp
-    finally:
-        comp.cancel()
+
+    async def ndjson(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            for line in out.lines(chunk):
+                yield json.dumps(line).encode() + b"\n"
+
+    return await serve_completion(request, comp, body.stream, NDJSON, ndjson, out.whole)
 
 
 class _Shaper:
@@ -212,26 +205,27 @@ class _Shaper:
         self.model, self.chat, self.raw = model, chat, raw
         self.finish: str | None = None
 
-    def _base(self) -> dict[str, Any]:
-        return {"model": self.model, "created_at": convert.created_at()}
-
     def _piece(self, content: str, thinking: str = "",
                calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        out = self._base()
+        # chat answers in a message; generate in the object itself ("response")
+        part: dict[str, Any] = ({"role": "assistant", "content": content} if self.chat
+                                else {"response": content})
+        if thinking:
+            part["thinking"] = thinking
+        if calls:
+            part["tool_calls"] = convert.tool_calls(calls)
+        out: dict[str, Any] = {"model": self.model, "created_at": convert.created_at()}
         if self.chat:
-            msg: dict[str, Any] = {"role": "assistant", "content": content}
-            if thinking:
-                msg["thinking"] = thinking
-            if calls:
-                msg["tool_calls"] = convert.tool_calls(calls)
-            out["message"] = msg
+            out["message"] = part
         else:
-            out["response"] = content
-            if thinking:
-                out["thinking"] = thinking
-            if calls:
-                out["tool_calls"] = convert.tool_calls(calls)
+            out.update(part)
         return out
+
+    @staticmethod
+    def _done(finish: str | None, usage: dict[str, Any], timing: dict[str, Any] | None
+              ) -> dict[str, Any]:
+        return {"done": True, "done_reason": convert.done_reason(finish),
+                **convert.metrics(usage, timing), "hearth": timing}
 
     def whole(self, result: dict[str, Any]) -> dict[str, Any]:
         choice = result["choices"][0]
@@ -241,19 +235,15 @@ class _Shaper:
             msg = choice["message"]
             out = self._piece(msg.get("content") or "", msg.get("reasoning_content") or "",
                               msg.get("tool_calls"))
-        return {**out, "done": True, "done_reason": convert.done_reason(choice["finish_reason"]),
-                **convert.metrics(result["usage"], result.get("hearth")),
-                "hearth": result.get("hearth")}
+        return {**out, **self._done(choice["finish_reason"], result["usage"],
+                                    result.get("hearth"))}
 
     def lines(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if "error" in chunk:
             return [{"error": chunk["error"].get("message") or "generation failed"}]
         if "usage" in chunk and not chunk.get("choices"):  # the last chunk: counts and times
-            done = {**self._piece(""), "done": True,
-                    "done_reason": convert.done_reason(self.finish),
-                    **convert.metrics(chunk["usage"], chunk.get("hearth")),
-                    "hearth": chunk.get("hearth")}
-            return [done]
+            return [{**self._piece(""), **self._done(self.finish, chunk["usage"],
+                                                     chunk.get("hearth"))}]
         choice = chunk["choices"][0]
         if choice.get("finish_reason"):
             self.finish = choice["finish_reason"]
@@ -321,9 +311,7 @@ async def _embed(request: web.Request, rt: Any, inputs: list[list[int]],
 
 def _shortened(vector: list[float], n: int) -> list[float]:
     """The first ``n`` dimensions, normalised again (as Ollama's ``dimensions`` does)."""
-    head = vector[:n]
-    norm = sum(x * x for x in head) ** 0.5 or 1.0
-    return [x / norm for x in head]
+    return l2_normalised(vector[:n])
 
 
 async def root(request: web.Request) -> web.Response:

@@ -30,9 +30,13 @@ _FIELD_NAMES = {**{v: f"options.{k}" for k, v in SAMPLING.items()},
                 "chat_template_kwargs": "think", "tool_choice": "options.tool_choice"}
 
 
+def go_time(when: datetime) -> str:
+    """A UTC time as Go writes a time.Time (RFC 3339 with fractional seconds)."""
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def created_at() -> str:
-    """Now, as Go writes a time.Time (RFC 3339 with nanoseconds)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return go_time(datetime.now(UTC))
 
 
 # Ollama takes any value; the sampler's useful range is this (beyond it, the same as its edge).
