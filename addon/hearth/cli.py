@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from aiohttp import web
 
-        from .server import RUNTIME, create_app
+        from .server import FLEET, create_app
 
         app = create_app(settings)
         print(f"Hearth {__version__} listening on http://{settings.host}:{settings.port} "
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         web.run_app(app, host=settings.host, port=settings.port, print=None,
                     access_log=None, handle_signals=True, handler_cancellation=True,
                     shutdown_timeout=10)
-        return app[RUNTIME].exit_code  # non-zero when the engine died
+        return app[FLEET].exit_code  # non-zero when the engine died
     return 0
 
 

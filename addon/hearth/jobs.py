@@ -211,10 +211,10 @@ class JobRunner:
     """Feeds queued jobs to the engine, a bounded number at a time (the engine's own queue
     decides the order among classes), and records their outcome."""
 
-    def __init__(self, store: JobStore, rt: Any, concurrency: int = 8,
+    def __init__(self, store: JobStore, fleet: Any, concurrency: int = 8,
                  retention_s: float = 86400.0):
         self.store = store
-        self.rt = rt
+        self.fleet = fleet
         self.concurrency = concurrency
         self.retention_s = retention_s
         self.changed = asyncio.Condition()  # notified on every state change (for /v1/events)
@@ -266,7 +266,7 @@ class JobRunner:
         while not self._stopping:
             try:
                 free = self.concurrency - len(self._tasks)
-                if free > 0 and self.rt.state == "ready":
+                if free > 0 and self.fleet.state == "ready":
                     for job in await asyncio.to_thread(self.store.next_queued, free):
                         if job["id"] in self._tasks:
                             continue
@@ -294,9 +294,11 @@ class JobRunner:
                     result = await self._execute(job, rank)
                     break
                 except CompletionError as e:
-                    if e.status != 429:
+                    # The class queue is full, or the model is loading or waiting for room:
+                    # a durable job waits its turn.
+                    if e.status != 429 and e.code != "model_not_ready":
                         raise
-                    await asyncio.sleep(e.retry_after or 1.0)  # the class queue is full
+                    await asyncio.sleep(e.retry_after or 1.0)
             done = await asyncio.to_thread(self.store.finish, job_id, result)
             if done is None:
                 log.info("job %s finished after it was cancelled; result dropped", job_id)
@@ -313,19 +315,29 @@ class JobRunner:
             if not self._stopping:
                 await self.notify()
 
+    def model_for(self, request: dict[str, Any], cls: str) -> str:
+        """The model a job runs on: the one its request names, else its class's."""
+        try:
+            model, _ = self.fleet.registry.route(request.get("model"))
+        except KeyError as e:
+            raise CompletionError(404, f"request.model: no model {request.get('model')!r} "
+                                  "is served here", "model_not_found", "request.model") from e
+        return model or self.fleet.registry.for_class(cls)
+
     async def _execute(self, job: dict[str, Any], rank: int) -> dict[str, Any]:
         req = job["request"]
-        if job["kind"] == "embeddings":
-            body = EmbeddingRequest.model_validate(req)
-            return await embeddings(self.rt, body.input, rank, body.user)
-        body = ChatCompletionRequest.model_validate({**req, "stream": False})
-        comp = Completion(self.rt, body, rank)
-        self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
-        comp.submit()
-        try:
-            return await comp.result()
-        finally:
-            comp.cancel()
+        async with self.fleet.use(self.model_for(req, job["class"]), rank) as rt:
+            if job["kind"] == "embeddings":
+                body = EmbeddingRequest.model_validate(req)
+                return await embeddings(rt, body.input, rank, body.user)
+            body = ChatCompletionRequest.model_validate({**req, "stream": False})
+            comp = Completion(rt, body, rank)
+            self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
+            comp.submit()
+            try:
+                return await comp.result()
+            finally:
+                comp.cancel()
 
 
 def validate_job_request(kind: str, request: Any) -> None:

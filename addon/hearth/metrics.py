@@ -18,8 +18,12 @@ _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0
 
 
 class Metrics:
-    def __init__(self, rt: Any):
-        self.rt = rt
+    """Latencies of every model's requests; the engine gauges of the voice model (the
+    household's headline), and each model's residency."""
+
+    def __init__(self, fleet: Any):
+        self.fleet = fleet
+        self.job_counts: dict[str, int] | None = None  # refreshed by the /metrics route
         self.registry = CollectorRegistry()
         labels = ["class"]
         self.ttft = Histogram("hearth_time_to_first_token_seconds",
@@ -31,8 +35,9 @@ class Metrics:
                                labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.e2e = Histogram("hearth_e2e_request_latency_seconds", "Arrival to last token",
                              labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(_EngineCollector(rt))
-        rt.stats.listeners.append(self.observe)
+        self.registry.register(_EngineCollector(self))
+        for w in fleet.workers.values():
+            w.rt.stats.listeners.append(self.observe)
 
     def observe(self, f: Finished) -> None:
         if f.ttft is not None:
@@ -49,15 +54,18 @@ class Metrics:
 
 
 class _EngineCollector:
-    def __init__(self, rt: Any):
-        self.rt = rt
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
 
     def collect(self):
-        core = self.rt.core
-        up = GaugeMetricFamily("hearth_up", "1 when the model is loaded and serving")
-        up.add_metric([], 1.0 if self.rt.state == "ready" else 0.0)
+        fleet = self.metrics.fleet
+        rt = fleet.primary.rt
+        up = GaugeMetricFamily("hearth_up", "1 when the models loaded at start are serving")
+        up.add_metric([], 1.0 if fleet.state == "ready" else 0.0)
         yield up
-        if core is None:
+        yield from _models(fleet)
+        core = rt.core
+        if core is None or rt.state != "ready":
             return
         with core.lock:
             q = core.queue_state()
@@ -93,7 +101,7 @@ class _EngineCollector:
         prompt = CounterMetricFamily("hearth_prompt_tokens", "Prompt tokens computed")
         prompt.add_metric([], snap["prompt_tokens_total"])
         yield from (kv, hit, tps, gen, prompt)
-        jobs = getattr(self.rt, "job_counts", None)
+        jobs = self.metrics.job_counts
         if jobs:
             g = GaugeMetricFamily("hearth_jobs", "Durable jobs by status", labels=["status"])
             for status, n in jobs.items():
@@ -118,3 +126,17 @@ def _prefix_by_class(by_class: dict[str, dict[str, Any]]):
         if c["oldest_s"] is not None:
             oldest.add_metric([cls], c["oldest_s"])
     yield from (cells, entries, rate, oldest)
+
+
+def _models(fleet: Any):
+    loaded = GaugeMetricFamily("hearth_model_loaded", "1 while a model is loaded",
+                               labels=["model"])
+    memory = GaugeMetricFamily("hearth_model_memory_bytes", "A model's estimated memory "
+                               "(weights + KV + compute, from its GGUF header)", labels=["model"])
+    loads = CounterMetricFamily("hearth_model_loads", "Times a model was loaded",
+                                labels=["model"])
+    for w in fleet.workers.values():
+        loaded.add_metric([w.name], 1.0 if w.rt.state == "ready" else 0.0)
+        memory.add_metric([w.name], w.bytes)
+        loads.add_metric([w.name], w.loads)
+    yield from (loaded, memory, loads)

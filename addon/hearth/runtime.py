@@ -42,16 +42,22 @@ def unservable(model: Any) -> str | None:
 
 
 class Runtime:
-    def __init__(self, settings: Settings):
+    """One model in its own context and engine thread. The fleet may unload it and load it
+    again; its stats live across loads."""
+
+    def __init__(self, settings: Settings, name: str | None = None,
+                 prefix_dir: Path | None = None):
         self.settings = settings
-        self.state = "loading"  # loading | ready | failed
+        self.name = name  # None: the file's stem once loaded
+        self.prefix_dir = prefix_dir or Path(settings.data_dir) / "prefix-cache"
+        self.state = "loading"  # loading | ready | failed | unloading | unloaded
         self.error: str | None = None
         self.model: Any = None
         self.backend: Any = None
         self.engine: Engine | None = None
         self.core: EngineCore | None = None
         self.formatter: ChatFormatter | None = None
-        self.model_id = "hearth"
+        self.model_id = name or "hearth"
         self.backends: list[str] = []  # llama.cpp backends in use, once loaded
         self.model_path: Path | None = None
         self._thread: threading.Thread | None = None
@@ -59,21 +65,29 @@ class Runtime:
         self.stats = Stats()  # exists before the engine, so observers can subscribe early
         self.exit_code = 0  # the process's, once the server stops
         self.settled = threading.Event()  # set once loading ended, ready or failed
+        self.on_settled: Any = None  # called from the loading thread once it has settled
+        self.load_s: float | None = None  # how long the last load took
 
     def start_loading(self) -> None:
+        self.state, self.error = "loading", None
+        self.settled.clear()
         self._thread = threading.Thread(target=self._load_safely, name="hearth-load",
                                         daemon=True)
         self._thread.start()
 
     def _load_safely(self) -> None:
+        t0 = time.monotonic()
         try:
             self.load()
+            self.load_s = time.monotonic() - t0
         except Exception as e:
             self.state = "failed"
             self.error = str(e)
             log.error("loading the model failed: %s", e)
         finally:
             self.settled.set()
+            if self.on_settled is not None:
+                self.on_settled()
 
     def load(self) -> None:
         # Imported here: llama.cpp is loaded only by a process that serves a model.
@@ -120,7 +134,7 @@ class Runtime:
                                        specials.get("eos_token", ""),
                                        model.meta("general.architecture"))
         self.model, self.backend, self.core = model, backend, core
-        self.model_id = path.stem
+        self.model_id = self.name or path.stem
         self.engine = Engine(core, on_death=self._engine_died)
         self.engine.start()
         self.state = "ready"
@@ -134,8 +148,7 @@ class Runtime:
         key = {"model": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                "n_ctx": n_ctx, "flash_attn": self.settings.flash_attn,
                "llama_cpp": _llama_cpp_version()}
-        store = PrefixStore(Path(self.settings.data_dir) / "prefix-cache", key,
-                            self.settings.prefix_store_mb * 1024 * 1024)
+        store = PrefixStore(self.prefix_dir, key, self.settings.prefix_store_mb * 1024 * 1024)
         core.store = store
         n = core.restore(store.load())
         if n or store.skipped:
@@ -155,16 +168,32 @@ class Runtime:
         add_special = not (bos and text.startswith(bos))
         return self.model.tokenize(text, add_special=add_special, parse_special=True)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the engine, save the voice and chat prefixes, free the context. False when a
+        stuck decode still uses the context (freeing it would crash the process)."""
         if self.engine is not None and not self.engine.stop():
-            # Freeing a context a decode still uses would crash the process: leave it to exit.
             log.warning("the engine thread did not stop in time; its context is not freed")
-            return
+            return False
         if self.core is not None and self.core.store is not None and self.engine is not None \
                 and self.engine.error is None:
             self._save_prefixes(self.core)
         if self.backend is not None:
             self.backend.close()
+        return True
+
+    def unload(self) -> None:
+        """Free the model's memory, ready to load it again (the fleet's keep-alive and swaps)."""
+        self.state = "unloading"
+        if not self.close():
+            self.state, self.error = "failed", "the engine did not stop to unload"
+            return
+        backend, self.backend = self.backend, None
+        for m in {id(x): x for x in (self.model, getattr(backend, "_embed_model", None))
+                  if x is not None}.values():
+            m.close()
+        self.model = self.engine = self.core = self.formatter = None
+        self.settled.clear()
+        self.state = "unloaded"
 
     @staticmethod
     def _save_prefixes(core: EngineCore) -> None:

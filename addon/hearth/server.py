@@ -18,21 +18,21 @@ from . import __version__, discovery
 from .api import ollama
 from .api.http import (
     CLOSING,
+    FLEET,
     JOBS,
     MAX_BODY,
     METRICS,
-    RUNTIME,
     ApiError,
     errors_and_auth,
     read_body,
     ready,
-    request_class,
     request_user,
     serve_completion,
 )
-from .api.names import listed_names, resolve
+from .api.names import listed, use_model
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
 from .completions import Completion, embeddings, warm
+from .fleet.fleet import Fleet
 from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
 from .openapi import build as build_openapi
@@ -46,45 +46,58 @@ KEEPALIVE_S = 15.0
 
 # -- OpenAI-compatible -------------------------------------------------------------------------
 async def health(request: web.Request) -> web.Response:
-    rt = request.app[RUNTIME]
-    body: dict[str, Any] = {"status": rt.state,
-                            "model": rt.model_id if rt.state == "ready" else None,
+    fleet = request.app[FLEET]
+    primary = fleet.primary.rt
+    state = fleet.state
+    body: dict[str, Any] = {"status": state,
+                            "model": primary.model_id if primary.state == "ready" else None,
                             "version": __version__}
-    if rt.state == "ready":
-        body["backends"] = rt.backends
-    if rt.error:
-        body["error"] = rt.error
-    if rt.engine is not None and rt.engine.error is not None:
-        body.update(status="failed", error=f"engine stopped: {rt.engine.error}")
-    return web.json_response(body, status=200 if body["status"] == "ready" else 503)
+    if state == "ready":
+        body["backends"] = sorted({b for w in fleet.loaded() for b in w.rt.backends})
+    if fleet.error:
+        body["error"] = fleet.error
+    for w in fleet.workers.values():
+        if w.rt.engine is not None and w.rt.engine.error is not None:
+            body["error"] = f"engine stopped: {w.rt.engine.error}"
+    if len(fleet.workers) > 1:
+        body["models"] = {w.name: w.rt.state for w in fleet.workers.values()}
+    return web.json_response(body, status=200 if state == "ready" else 503)
 
 
 async def models(request: web.Request) -> web.Response:
-    rt = ready(request)
-    meta = {"description": rt.model.description, "n_ctx": rt.backend.n_ctx,
-            "n_ctx_seq": rt.backend.n_ctx_seq, "file": rt.model_path.name}
-    data = [{"id": rt.model_id, "object": "model", "created": 0, "owned_by": "hearth",
-             "meta": meta}]
-    for name in listed_names(rt)[1:]:  # the class aliases, after the model itself
-        data.append({"id": name, "object": "model", "created": 0, "owned_by": "hearth",
-                     "meta": {**meta, "alias_of": rt.model_id, "class": name.rsplit(":", 1)[1]}})
+    """Every model and its class aliases, loaded or not (a request loads it)."""
+    ready(request)
+    data = []
+    for w, names in listed(request):
+        rt = w.rt
+        meta: dict[str, Any] = {"state": rt.state, "memory_bytes": w.bytes,
+                                "n_ctx": rt.settings.n_ctx}
+        if rt.state == "ready":
+            meta.update(description=rt.model.description, n_ctx=rt.backend.n_ctx,
+                        n_ctx_seq=rt.backend.n_ctx_seq, file=rt.model_path.name)
+        data.append({"id": names[0], "object": "model", "created": 0, "owned_by": "hearth",
+                     "meta": meta})
+        for name in names[1:]:  # the class aliases, after the model itself
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": "hearth",
+                         "meta": {**meta, "alias_of": names[0],
+                                  "class": name.rsplit(":", 1)[1]}})
     return web.json_response({"object": "list", "data": data})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    rank = request_class(request, body.priority, "chat", resolve(rt, body.model))
-    return await openai_answer(request, Completion(
-        rt, body, rank, request_user(request, body.user)))
+    async with use_model(request, body.model, body.priority, "chat") as (rt, rank):
+        return await openai_answer(request, Completion(
+            rt, body, rank, request_user(request, body.user)))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, CompletionRequest)
-    rank = request_class(request, body.priority, "chat", resolve(rt, body.model))
-    return await openai_answer(request, Completion(
-        rt, body, rank, request_user(request, body.user)))
+    async with use_model(request, body.model, body.priority, "chat") as (rt, rank):
+        return await openai_answer(request, Completion(
+            rt, body, rank, request_user(request, body.user)))
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -98,37 +111,41 @@ def openai_answer(request: web.Request, comp: Completion) -> Awaitable[web.Strea
 
 
 async def embeddings_handler(request: web.Request) -> web.Response:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, EmbeddingRequest)
-    rank = request_class(request, body.priority, "embedding", resolve(rt, body.model))
-    return web.json_response(await embeddings(rt, body.input, rank,
-                                              request_user(request, body.user)))
+    async with use_model(request, body.model, body.priority, "embedding") as (rt, rank):
+        return web.json_response(await embeddings(rt, body.input, rank,
+                                                  request_user(request, body.user)))
 
 
 # -- Hearth API --------------------------------------------------------------------------------
 async def warm_cache(request: web.Request) -> web.Response:
     """Cache a chat prompt for the class that will use it (voice unless named)."""
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    rank = request_class(request, body.priority, "voice", resolve(rt, body.model))
-    return web.json_response(await warm(rt, body, rank))
+    async with use_model(request, body.model, body.priority, "voice") as (rt, rank):
+        return web.json_response(await warm(rt, body, rank))
 
 
 async def queue(request: web.Request) -> web.Response:
-    rt = ready(request)
+    """The voice model's queue (the household's headline), every model's residency, jobs."""
+    fleet = ready(request)
+    rt = fleet.primary.rt
+    out: dict[str, Any] = {"model": rt.model_id, "policy": fleet.settings.policy}
     core = rt.core
-    assert core is not None
-    with core.lock:
-        state = core.queue_state()
-    stats = core.stats.snapshot(core.b.now())
-    jobs = await asyncio.to_thread(request.app[JOBS].store.counts)
-    return web.json_response({"model": rt.model_id, "policy": rt.settings.policy, **state,
-                              **stats, "jobs": jobs})
+    if core is not None and rt.state == "ready":
+        with core.lock:
+            state = core.queue_state()
+        out.update(state, **core.stats.snapshot(core.b.now()))
+    out.update(fleet.report())
+    out["jobs"] = await asyncio.to_thread(request.app[JOBS].store.counts)
+    return web.json_response(out)
 
 
 async def create_job(request: web.Request) -> web.Response:
     body = await read_body(request, JobCreate)
     validate_job_request(body.kind, body.request)
+    request.app[JOBS].model_for(body.request, body.cls)  # 404 now, not when it runs
     job = await request.app[JOBS].submit(body.kind, body.cls, body.tag, body.request)
     return web.json_response(job, status=202)
 
@@ -197,8 +214,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    rt = request.app[RUNTIME]
-    rt.job_counts = await asyncio.to_thread(request.app[JOBS].store.counts)
+    request.app[METRICS].job_counts = await asyncio.to_thread(request.app[JOBS].store.counts)
     return web.Response(body=request.app[METRICS].render(),
                         headers={"Content-Type": CONTENT_TYPE})
 
@@ -210,12 +226,12 @@ async def openapi(request: web.Request) -> web.Response:
 # -- the application ---------------------------------------------------------------------------
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY)
-    rt = runtime or Runtime(settings)
-    app[RUNTIME] = rt
+    fleet = Fleet(settings, runtime)
+    app[FLEET] = fleet
     store = JobStore(Path(settings.data_dir) / "jobs.sqlite3")
-    app[JOBS] = JobRunner(store, rt, concurrency=max(2, settings.n_parallel),
+    app[JOBS] = JobRunner(store, fleet, concurrency=max(2, settings.n_parallel),
                           retention_s=settings.job_retention_hours * 3600)
-    app[METRICS] = Metrics(rt)
+    app[METRICS] = Metrics(fleet)
     app[CLOSING] = asyncio.Event()
     r = app.router
     r.add_get("/health", health)
@@ -240,30 +256,29 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
 
 
 async def _startup(app: web.Application) -> None:
-    rt = app[RUNTIME]
-    if rt.state == "loading" and rt.engine is None:
-        rt.start_loading()
+    await app[FLEET].start()
     await app[JOBS].start()
     app["bg_tasks"] = [asyncio.create_task(_announce_when_ready(app))]
 
 
 async def _announce_when_ready(app: web.Application) -> None:
-    """Announce to the Supervisor once the model is loaded: Home Assistant sets the
+    """Announce to the Supervisor once the models loaded at start are: Home Assistant sets the
     integration up from the announcement at once, and a server still loading would answer it
     503. (on_startup also runs before the port is bound.)"""
-    rt = app[RUNTIME]
+    fleet = app[FLEET]
     # Waits of a second at most: a stop during a long download must not leave a thread
     # blocked for the executor's shutdown to wait on.
-    while not await asyncio.to_thread(rt.settled.wait, 1.0):
-        pass
-    if rt.state != "ready":
+    for name in fleet.start_models:
+        while not await asyncio.to_thread(fleet.workers[name].rt.settled.wait, 1.0):
+            pass
+    if fleet.state != "ready":
         return  # the load failed: the log says why, and there is nothing to set up
     await asyncio.sleep(0.25)  # the port is bound by now, however fast the model loaded
     # HEARTH_SUPERVISOR_URL points tests (or an unusual setup) at another Supervisor.
     url = os.environ.get("HEARTH_SUPERVISOR_URL", discovery.SUPERVISOR_URL)
     async with ClientSession() as session:
         # The Supervisor may still be starting with the host: retry for about a minute.
-        await discovery.announce(rt.settings, session, supervisor_url=url, attempts=7)
+        await discovery.announce(fleet.settings, session, supervisor_url=url, attempts=7)
 
 
 async def _shutdown(app: web.Application) -> None:
@@ -272,8 +287,9 @@ async def _shutdown(app: web.Application) -> None:
     for t in app.get("bg_tasks", []):
         t.cancel()
     await app[JOBS].stop()
+    await app[FLEET].stop()
 
 
 async def _cleanup(app: web.Application) -> None:
-    await asyncio.get_running_loop().run_in_executor(None, app[RUNTIME].close)
+    await asyncio.get_running_loop().run_in_executor(None, app[FLEET].close)
     app[JOBS].store.close()

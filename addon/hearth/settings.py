@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -23,6 +24,44 @@ ADDON_OPTIONS = Path("/data/options.json")
 
 def _opt(default: Any, help: str, addon: bool = True, **kw: Any) -> Any:
     return Field(default, description=help, json_schema_extra={"addon": addon}, **kw)
+
+
+ClassName = Literal["voice", "chat", "agent", "background", "embedding"]
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class ModelSpec(BaseModel):
+    """One model of several (the ``models`` setting). Unset sizes take the server-wide value."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=NAME_PATTERN, description="what requests call it (lowercase)")
+    file: str = Field("", description="GGUF: a path, a file under models_dir or an https:// "
+                      "URL; empty = the embedded SmolLM2-135M-Instruct")
+    classes: list[ClassName] = Field(
+        default_factory=list, description="classes whose requests go here unless they name a "
+        "model (a class no model claims goes to the first model)")
+    aliases: list[str] = Field(default_factory=list, description="other names it answers to")
+    n_ctx: int | None = Field(None, ge=256, description="its KV cache (default: n_ctx)")
+    n_parallel: int | None = Field(None, ge=1, le=64, description="default: n_parallel")
+    n_gpu_layers: int | None = Field(None, ge=-1, description="default: n_gpu_layers")
+    keep_alive_s: float = Field(300.0, ge=-1, description="unloaded after this long idle "
+                                "(-1 = never; 0 = as soon as it is idle)")
+    pinned: bool = Field(False, description="loaded at start and never unloaded")
+
+    @field_validator("classes", "aliases", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        # The add-on's form has no list inside a list item: "voice, chat" there.
+        return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+
+    @field_validator("aliases")
+    @classmethod
+    def _lowercase_names(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if not re.match(NAME_PATTERN, a):
+                raise ValueError(f"alias {a!r}: lowercase letters, digits, '.', '_', '-'")
+        return v
 
 
 class Settings(BaseModel):
@@ -52,6 +91,14 @@ class Settings(BaseModel):
                              ge=-1)
     flash_attn: Literal["auto", "on", "off"] = _opt("auto", "flash attention")
     use_mmap: bool = _opt(True, "memory-map the model file", addon=False)
+    models: list[ModelSpec] = _opt(
+        [], "several models, each with the classes it serves (JSON list on the command line); "
+        "empty = the one model above")
+    memory_budget_mb: int = _opt(
+        0, "most MB the resident models may take (weights + KV, read from their GGUF headers); "
+        "past it the least recently used idle model is unloaded (0 = four fifths of RAM)", ge=0)
+    load_wait_s: float = _opt(120.0, "how long a request waits for its model to load before "
+                              "503", gt=0)
 
     # Scheduling
     policy: Literal["hearth", "fifo", "serial"] = _opt(
@@ -111,6 +158,25 @@ class Settings(BaseModel):
         if self.n_batch < self.n_parallel:
             raise ValueError(f"n_batch ({self.n_batch}) must be at least n_parallel "
                              f"({self.n_parallel}): each running sequence needs a batch slot")
+        return self
+
+    @model_validator(mode="after")
+    def _models_are_distinct(self) -> Settings:
+        if self.models and self.model:
+            raise ValueError("set either model or models, not both (name the file of each "
+                             "model in models)")
+        seen: dict[str, str] = {}
+        claimed: dict[str, str] = {}
+        for m in self.models:
+            for n in (m.name, *m.aliases):
+                if n in seen or n in ("hearth", "default"):
+                    raise ValueError(f"models: the name {n!r} is used twice")
+                seen[n] = m.name
+            for c in m.classes:
+                if c in claimed:
+                    raise ValueError(f"models: class {c!r} is claimed by both "
+                                     f"{claimed[c]!r} and {m.name!r}")
+                claimed[c] = m.name
         return self
 
     def aging_seconds(self) -> dict[str, float]:
@@ -188,6 +254,11 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
     about bool strings like 'yes')."""
     out = {}
     for k, v in values.items():
+        if isinstance(v, str) and get_origin(Settings.model_fields[k].annotation) is list:
+            try:
+                v = json.loads(v) if v.strip() else []
+            except ValueError as e:
+                raise SystemExit(f"hearth: {k} must be a JSON list: {e}") from e
         if isinstance(v, str) and Settings.model_fields[k].annotation is bool:
             low = v.strip().lower()
             if low in ("1", "true", "yes", "on"):

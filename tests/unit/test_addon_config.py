@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,19 @@ def field_bounds(field: Any) -> dict[str, float | None]:
 
 def field_kind(field: Any) -> tuple[str, list[str] | None]:
     ann = field.annotation
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):  # int | None: optional
+        ann = next(a for a in typing.get_args(ann) if a is not type(None))
     if typing.get_origin(ann) is typing.Literal:
         return "list", [str(a) for a in typing.get_args(ann)]
     kinds = {bool: "bool", int: "int", float: "float", str: "str"}
     assert ann in kinds, f"no add-on schema type for {ann!r}"
     return kinds[ann], None
+
+
+# Settings that are lists of entries (the add-on's list of dictionaries): checked on their own.
+NESTED = {n: f for n, f in Settings.addon_fields().items()
+          if typing.get_origin(f.annotation) is list}
+SCALAR = {n: f for n, f in Settings.addon_fields().items() if n not in NESTED}
 
 
 # --- settings <-> options/schema -------------------------------------------------------------
@@ -105,9 +114,9 @@ def test_options_and_schema_cover_exactly_the_addon_settings(config):
     assert not (not_addon & (options | schema)), "start-script settings must not be options"
 
 
-@pytest.mark.parametrize("name", sorted(Settings.addon_fields()))
+@pytest.mark.parametrize("name", sorted(SCALAR))
 def test_option_default_matches_setting(config, name):
-    field = Settings.addon_fields()[name]
+    field = SCALAR[name]
     value = config["options"][name]
     kind, _ = field_kind(field)
     assert value == field.default, f"{name}: add-on default {value!r} != {field.default!r}"
@@ -118,9 +127,9 @@ def test_option_default_matches_setting(config, name):
         assert not isinstance(value, bool), f"{name}: {value!r} is a bool"
 
 
-@pytest.mark.parametrize("name", sorted(Settings.addon_fields()))
+@pytest.mark.parametrize("name", sorted(SCALAR))
 def test_schema_type_matches_setting(config, name):
-    field = Settings.addon_fields()[name]
+    field = SCALAR[name]
     spec = parse_schema(str(config["schema"][name]))
     kind, choices = field_kind(field)
     if name == "api_key":
@@ -137,12 +146,14 @@ def test_schema_type_matches_setting(config, name):
 
 
 @pytest.mark.parametrize("name", sorted(
-    n for n, f in Settings.addon_fields().items() if field_kind(f)[0] in ("int", "float")))
+    n for n, f in SCALAR.items() if field_kind(f)[0] in ("int", "float")))
 def test_schema_range_matches_setting(config, name):
     """ge/le become the same inclusive bound; gt/lt a bound strictly inside (the Supervisor's
     ranges are inclusive); no bound on the setting, none in the schema."""
-    field = Settings.addon_fields()[name]
-    spec = parse_schema(str(config["schema"][name]))
+    assert_same_range(SCALAR[name], parse_schema(str(config["schema"][name])), name)
+
+
+def assert_same_range(field: Any, spec: dict[str, Any], name: str) -> None:
     b = field_bounds(field)
     for side, incl, excl in (("min", "ge", "gt"), ("max", "le", "lt")):
         got = spec[side]
@@ -155,6 +166,33 @@ def test_schema_range_matches_setting(config, name):
             assert inside, f"{name}: schema {side} {got} admits {excl}={b[excl]}"
         else:
             assert got is None, f"{name}: schema {side} {got} but the setting has no bound"
+
+
+@pytest.mark.parametrize("name", sorted(NESTED))
+def test_a_list_of_entries_mirrors_its_model(config, name):
+    """``models``: an empty list by default; one dictionary in the schema whose keys are the
+    entry's fields, optional where the field has a default, with the same types and ranges.
+    The Supervisor requires a list-valued key in every item, so lists are comma-separated
+    strings there (the setting splits them)."""
+    assert config["options"][name] == []
+    schema = config["schema"][name]
+    assert isinstance(schema, list) and len(schema) == 1 and isinstance(schema[0], dict)
+    entry_model = typing.get_args(NESTED[name].annotation)[0]
+    fields = entry_model.model_fields
+    assert set(schema[0]) == set(fields), f"{name}: schema keys {sorted(schema[0])}"
+    for key, field in fields.items():
+        spec = parse_schema(str(schema[0][key]))
+        assert spec["optional"] == (not field.is_required()), f"{name}.{key}: optional?"
+        if typing.get_origin(field.annotation) is list:
+            assert spec["type"] == "str", f"{name}.{key}: a list is a comma-separated str"
+            continue
+        kind, _ = field_kind(field)
+        assert spec["type"] == kind, f"{name}.{key}: schema {spec['type']} for {kind}"
+        if kind in ("int", "float"):
+            assert_same_range(field, spec, f"{name}.{key}")
+    parsed = entry_model.model_validate({"name": "voice-model", "classes": "voice, chat",
+                                         "aliases": "small"})
+    assert parsed.classes == ["voice", "chat"] and parsed.aliases == ["small"]
 
 
 def test_option_defaults_are_valid_settings(config):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hearth.api.http import ApiError
-from hearth.api.ollama import _quantization, _Shaper, _zero
-from hearth.api.ollama_convert import chat_request, generate_request
+from hearth.api.ollama import _quantization, _Shaper
+from hearth.api.ollama_convert import chat_request, generate_request, keep_alive_seconds
 from hearth.api.ollama_models import ChatBody, GenerateBody
 
 
@@ -39,11 +39,12 @@ def test_quantization_as_ollama_spells_it(description, level):
     assert _quantization(description) == level
 
 
-@pytest.mark.parametrize(("value", "zero"), [(0, True), ("0", True), ("0m", True),
-                                              ("0.0s", True), (-1, False), ("5m", False),
-                                              ("1h0m", False)])
-def test_zero_keep_alive_unloads(value, zero):
-    assert _zero(value) is zero
+@pytest.mark.parametrize(("value", "seconds"), [
+    (0, 0), ("0", 0), ("0m", 0), ("0.0s", 0), (-1, -1), ("-5m", -1), ("5m", 300),
+    ("1h0m", 3600), ("1h30m", 5400), ("90", 90), (2.5, 2.5), ("250ms", 0.25), (None, None)])
+def test_keep_alive_in_seconds_as_ollama_reads_it(value, seconds):
+    """Zero unloads at once, a negative value keeps the model forever."""
+    assert keep_alive_seconds(value) == seconds
 
 
 def test_options_as_ollama_means_them():

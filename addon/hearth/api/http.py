@@ -15,14 +15,14 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from ..completions import Completion, CompletionError
+from ..fleet.fleet import Fleet
 from ..jobs import JobRunner
 from ..metrics import Metrics
-from ..runtime import Runtime
 from ..scheduler import class_rank
 
 log = logging.getLogger(__name__)
 
-RUNTIME = web.AppKey("runtime", Runtime)
+FLEET = web.AppKey("fleet", Fleet)
 JOBS = web.AppKey("jobs", JobRunner)
 METRICS = web.AppKey("metrics", Metrics)
 CLOSING = web.AppKey("closing", asyncio.Event)
@@ -56,7 +56,7 @@ async def errors_and_auth(request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                           ) -> web.StreamResponse:
     ollama = request.path.startswith(OLLAMA_PREFIX)
-    key = request.app[RUNTIME].settings.api_key
+    key = request.app[FLEET].settings.api_key
     if key and request.path not in OPEN_PATHS:
         given = request.headers.get("Authorization", "")
         token = given[7:].strip() if given[:7].lower() == "bearer " else ""
@@ -130,13 +130,14 @@ def unencodable_at(data: Any) -> str | None:
     return None
 
 
-def ready(request: web.Request) -> Runtime:
-    rt = request.app[RUNTIME]
-    if rt.state != "ready":
-        detail = f": {rt.error}" if rt.error else ""
-        raise ApiError(503, f"the model is {rt.state}{detail}", "model_not_ready",
+def ready(request: web.Request) -> Fleet:
+    """The fleet, once the models it loads at start are ready."""
+    fleet = request.app[FLEET]
+    if fleet.state != "ready":
+        detail = f": {fleet.error}" if fleet.error else ""
+        raise ApiError(503, f"the model is {fleet.state}{detail}", "model_not_ready",
                        retry_after=5)
-    return rt
+    return fleet
 
 
 def request_class(request: web.Request, priority: str | int | None, default: str,

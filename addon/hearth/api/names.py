@@ -1,41 +1,58 @@
-"""Model names and class aliases.
+"""Which model and class a request is, from the model name it sends.
 
 Clients that cannot add a field to a request (Home Assistant's Ollama and OpenAI integrations,
-Open WebUI) can still pick a model, so the class travels in the model's name: every model is
+Open WebUI) can still pick a class, so the class travels in the model's name: every model is
 also listed as ``<name>:voice``, ``:chat``, ``:agent`` and ``:background``, and a request to an
 alias runs in that class. A plain name (or ``<name>:latest``, as Ollama spells it) leaves the
-class to the request's field, header or the endpoint's default.
+class to the request's field, header or the endpoint's default; ``hearth``, ``default`` or no
+name at all leave the model to the class's default (see :mod:`hearth.fleet.registry`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
-from .http import ApiError
+from aiohttp import web
 
-ALIAS_CLASSES = ("voice", "chat", "agent", "background")
-# Names every Hearth server answers to, whatever its model file is called.
-GENERIC = ("hearth", "default")
-
-
-def base_names(rt: Any) -> tuple[str, ...]:
-    return (rt.model_id.lower(), *GENERIC)
+from ..fleet.registry import UnknownModel
+from ..runtime import Runtime
+from ..scheduler import RANK_NAMES
+from .http import FLEET, ApiError, request_class
 
 
-def resolve(rt: Any, name: str | None, *, ollama: bool = False) -> str | None:
-    """The class an alias names (None for a plain name); 404 for a model not served here."""
-    if not name:
-        return None
-    base, _, tag = name.strip().lower().partition(":")
-    if base in base_names(rt) and (tag in ("", "latest") or tag in ALIAS_CLASSES):
-        return tag if tag in ALIAS_CLASSES else None
-    if ollama:  # Ollama's own words, which its clients and users know
-        raise ApiError(404, f"model '{name}' not found", "model_not_found", "model")
-    listed = ", ".join(listed_names(rt))
-    raise ApiError(404, f"model {name!r} does not exist; this server serves {listed}",
-                   "model_not_found", "model")
+def resolve(request: web.Request, name: str | None, *, ollama: bool = False
+            ) -> tuple[str | None, str | None]:
+    """(the model named or None, the class its alias names or None); 404 for a model not
+    served here."""
+    reg = request.app[FLEET].registry
+    try:
+        return reg.route(name)
+    except UnknownModel:
+        if ollama:  # Ollama's own words, which its clients and users know
+            raise ApiError(404, f"model '{name}' not found", "model_not_found",
+                           "model") from None
+        listed = ", ".join(reg.names)
+        raise ApiError(404, f"model {name!r} does not exist; this server serves {listed} "
+                       "(each also as <name>:voice, :chat, :agent, :background)",
+                       "model_not_found", "model") from None
 
 
-def listed_names(rt: Any) -> list[str]:
-    """The model, then one alias per class."""
-    return [rt.model_id, *(f"{rt.model_id}:{c}" for c in ALIAS_CLASSES)]
+@contextlib.asynccontextmanager
+async def use_model(request: web.Request, name: str | None, priority: str | int | None,
+                    default_class: str, *, ollama: bool = False,
+                    keep_alive_s: float | None = None) -> AsyncIterator[tuple[Runtime, int]]:
+    """The request's model, loaded and held for the request, and its class."""
+    fleet = request.app[FLEET]
+    model, alias = resolve(request, name, ollama=ollama)
+    rank = request_class(request, priority, default_class, alias)
+    model = model or fleet.registry.for_class(RANK_NAMES[rank])
+    async with fleet.use(model, rank, keep_alive_s) as rt:
+        yield rt, rank
+
+
+def listed(request: web.Request) -> list[tuple[Any, list[str]]]:
+    """Each model's worker with the names it is listed under."""
+    fleet = request.app[FLEET]
+    return [(w, fleet.registry.listed_names(w.name)) for w in fleet.workers.values()]

@@ -8,18 +8,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 
 from ..backend import l2_normalised
 from ..completions import Completion, CompletionError, embedding_inputs, embeddings
+from ..fleet.gguf import FILE_TYPES
 from . import ollama_convert as convert
-from .http import ApiError, read_body, ready, request_class, request_user, serve_completion
-from .names import listed_names, resolve
+from .http import FLEET, ApiError, read_body, ready, request_user, serve_completion
+from .names import listed, resolve, use_model
 from .ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # The Ollama release whose API shapes these routes follow (clients gate features on it).
 OLLAMA_VERSION = "0.33.0"
 NDJSON = "application/x-ndjson"
-# Hearth keeps its model loaded: Ollama writes a far-off expiry for "kept alive forever".
+# Ollama writes a far-off expiry for a model kept alive forever (pinned, or keep_alive -1).
 FOREVER = "2318-11-01T00:00:00Z"
 
 
@@ -41,40 +41,47 @@ def _quantization(description: str) -> str:
     return base  # e.g. "IQ4_XS - 4.25 bpw" -> "IQ4_XS"
 
 
-def _details(rt: Any) -> dict[str, Any]:
-    words = rt.model.description.split()
-    arch = rt.model.meta("general.architecture") or (words[0] if words else "")
+def _details(w: Any) -> dict[str, Any]:
+    """From the model's GGUF header, loaded or not (and its loaded description as a
+    fallback for quantizations the table does not name)."""
+    meta, rt = w.meta, w.rt
+    words = rt.model.description.split() if rt.state == "ready" else []
+    arch = meta.get("general.architecture") or (words[0] if words else "")
+    quant = FILE_TYPES.get(meta.get("general.file_type", -1)) or \
+        (_quantization(rt.model.description) if words else "")
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-            "parameter_size": rt.model.meta("general.size_label") or
+            "parameter_size": meta.get("general.size_label") or
             (words[1] if len(words) > 1 else ""),
-            "quantization_level": _quantization(rt.model.description)}
+            "quantization_level": quant}
 
 
-def _capabilities(rt: Any) -> list[str]:
+def _capabilities(template: str) -> list[str]:
     """As Ollama lists them for a chat model: tools (Hearth lists tools for any template) and
     thinking where the template has a chain of thought. Not "embedding": Ollama reserves it for
     embedding-only models, and clients hide those from chat pickers."""
-    template = rt.model.chat_template() or ""
     caps = ["completion", "tools"]
     if any(mark in template for mark in ("<think>", "enable_thinking", "reasoning_content")):
         caps.append("thinking")
     return caps
 
 
-def _file_facts(rt: Any) -> tuple[int, str, str]:
+def _file_facts(w: Any) -> tuple[int, str, str]:
     """Size, a digest and the modification time of the model file. The digest hashes the
     file's identity (path, size, mtime), not its gigabytes: it changes when the file does."""
-    st = rt.model_path.stat()
-    ident = f"{rt.model_path}:{st.st_size}:{st.st_mtime_ns}".encode()
+    if w.path is None:  # not downloaded yet
+        return 0, hashlib.sha256(w.name.encode()).hexdigest(), convert.go_time(
+            datetime.fromtimestamp(0, UTC))
+    st = w.path.stat()
+    ident = f"{w.path}:{st.st_size}:{st.st_mtime_ns}".encode()
     when = convert.go_time(datetime.fromtimestamp(st.st_mtime, UTC))
     return st.st_size, hashlib.sha256(ident).hexdigest(), when
 
 
-def _listed(rt: Any) -> list[dict[str, Any]]:
-    size, digest, modified = _file_facts(rt)
-    details = _details(rt)
+def _listed(w: Any, names: list[str]) -> list[dict[str, Any]]:
+    size, digest, modified = _file_facts(w)
+    details = _details(w)
     # Ollama spells an untagged model "<name>:latest"; the aliases carry their class.
-    names = [f"{rt.model_id}:latest", *listed_names(rt)[1:]]
+    names = [f"{names[0]}:latest", *names[1:]]
     return [{"name": n, "model": n, "modified_at": modified, "size": size, "digest": digest,
              "details": details} for n in names]
 
@@ -86,51 +93,70 @@ def _named(body: NamedModel) -> str:
         raise ApiError(400, "model: model is required", "invalid_value", "model") from e
 
 
+def _worker(request: web.Request, name: str) -> Any:
+    fleet = request.app[FLEET]
+    model, _ = resolve(request, name, ollama=True)
+    return fleet.workers[model or fleet.registry.for_class("chat")]
+
+
 async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": OLLAMA_VERSION})
 
 
 async def tags(request: web.Request) -> web.Response:
-    return web.json_response({"models": _listed(ready(request))})
+    ready(request)
+    return web.json_response({"models": [m for w, names in listed(request)
+                                         for m in _listed(w, names)]})
 
 
 async def ps(request: web.Request) -> web.Response:
-    rt = ready(request)
-    gpu = rt.settings.n_gpu_layers != 0 and any(b != "cpu" for b in rt.backends)
-    models = [{**m, "expires_at": FOREVER, "size_vram": m["size"] if gpu else 0,
-               "context_length": rt.backend.n_ctx_seq} for m in _listed(rt)[:1]]
-    return web.json_response({"models": models})
+    """The loaded models, with when each is unloaded if it stays idle."""
+    fleet = ready(request)
+    report = fleet.report()["models"]
+    out = []
+    for w, names in listed(request):
+        if w.rt.state != "ready":
+            continue
+        rt, left = w.rt, report[w.name]["expires_in_s"]
+        gpu = rt.settings.n_gpu_layers != 0 and any(b != "cpu" for b in rt.backends)
+        expires = FOREVER if left is None else convert.go_time(
+            datetime.now(UTC) + timedelta(seconds=left))
+        m = _listed(w, names)[0]
+        out.append({**m, "expires_at": expires, "size_vram": m["size"] if gpu else 0,
+                    "context_length": rt.backend.n_ctx_seq})
+    return web.json_response({"models": out})
 
 
 async def show(request: web.Request) -> web.Response:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, NamedModel)
-    resolve(rt, _named(body), ollama=True)
-    _, _, modified = _file_facts(rt)
-    details = _details(rt)
+    w = _worker(request, _named(body))
+    _, _, modified = _file_facts(w)
+    details = _details(w)
     arch = details["family"]
-    info = {"general.architecture": arch, "general.name": rt.model.name,
-            f"{arch}.context_length": rt.model.n_ctx_train,
-            f"{arch}.embedding_length": rt.model.n_embd}
+    info = {k: w.meta.get(k) for k in ("general.architecture", "general.name",
+                                         f"{arch}.context_length", f"{arch}.embedding_length")}
+    template = w.meta.get("tokenizer.chat_template") or ""
+    where = w.path or w.rt.settings.model
     return web.json_response({
-        "modelfile": f"# Served by Hearth from {rt.model_path.name}\nFROM {rt.model_path}\n",
-        "parameters": "", "template": rt.model.chat_template() or "",
+        "modelfile": f"# Served by Hearth from {where}\nFROM {where}\n",
+        "parameters": "", "template": template,
         "details": details, "model_info": info,
-        "capabilities": _capabilities(rt), "modified_at": modified})
+        "capabilities": _capabilities(template), "modified_at": modified})
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
     """Answers as Ollama does for a model it already has; Hearth downloads nothing this way."""
-    rt = ready(request)
+    fleet = ready(request)
     body = await read_body(request, NamedModel)
     name = _named(body)
     try:
-        resolve(rt, name, ollama=True)
+        _worker(request, name)
     except ApiError as e:
         raise ApiError(404, f"pull model manifest: Hearth cannot pull {name!r}: it serves "
-                       f"{', '.join(listed_names(rt))}. Put a GGUF file in models_dir and set "
-                       "`model` in the add-on options to serve another model.",
-                       "model_not_found", "model") from e
+                       f"{', '.join(fleet.registry.names)}. Put a GGUF file in models_dir and "
+                       "name it in the add-on options (`model`, or `models` for several) to "
+                       "serve another model.", "model_not_found", "model") from e
     steps = ["pulling manifest", "verifying sha256 digest", "writing manifest", "success"]
     if not body.stream:
         return web.json_response({"status": "success"})
@@ -142,16 +168,9 @@ async def pull(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _zero(duration: Any) -> bool:
-    if isinstance(duration, int | float):
-        return duration == 0
-    numbers = re.findall(r"\d+(?:\.\d*)?|\.\d+", duration or "")
-    return bool(numbers) and all(float(n) == 0 for n in numbers)
-
-
 def _loaded(name: str, chat: bool, keep_alive: Any) -> dict[str, Any]:
     """An empty request loads (or, with keep_alive 0, unloads) a model in Ollama."""
-    unload = keep_alive is not None and _zero(keep_alive)
+    unload = convert.keep_alive_seconds(keep_alive) == 0
     out: dict[str, Any] = {"model": name, "created_at": convert.created_at(), "done": True,
                            "done_reason": "unload" if unload else "load"}
     if chat:
@@ -162,40 +181,50 @@ def _loaded(name: str, chat: bool, keep_alive: Any) -> dict[str, Any]:
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, ChatBody)
-    alias = resolve(rt, body.model, ollama=True)
     if not body.messages:
-        return web.json_response(_loaded(body.model, True, body.keep_alive))
-    inner = convert.chat_request(body, rt.settings.max_tokens_default)
-    return await _serve(request, rt, body, inner, alias, chat=True)
+        return await _load_only(request, body, chat=True)
+    inner = convert.chat_request(body, request.app[FLEET].settings.max_tokens_default)
+    return await _serve(request, body, inner, chat=True)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, GenerateBody)
-    alias = resolve(rt, body.model, ollama=True)
     if not body.prompt and not body.images:
-        return web.json_response(_loaded(body.model, False, body.keep_alive))
-    inner = convert.generate_request(body, rt.settings.max_tokens_default)
-    return await _serve(request, rt, body, inner, alias, chat=False)
+        return await _load_only(request, body, chat=False)
+    inner = convert.generate_request(body, request.app[FLEET].settings.max_tokens_default)
+    return await _serve(request, body, inner, chat=False)
 
 
-async def _serve(request: web.Request, rt: Any, body: ChatBody | GenerateBody, inner: Any,
-                 alias: str | None, chat: bool) -> web.StreamResponse:
-    rank = request_class(request, body.priority, "chat", alias)
-    try:
-        comp = Completion(rt, inner, rank, request_user(request, body.user, by_address=True))
-    except CompletionError as e:
-        raise convert.renamed(e) from e
-    out = _Shaper(body.model, chat, raw=not comp.chat)
+async def _load_only(request: web.Request, body: ChatBody | GenerateBody, chat: bool
+                     ) -> web.Response:
+    """An empty request loads the model (or, with keep_alive 0, lets it go), as in Ollama."""
+    async with use_model(request, body.model, body.priority, "chat", ollama=True,
+                         keep_alive_s=convert.keep_alive_seconds(body.keep_alive)):
+        pass
+    return web.json_response(_loaded(body.model, chat, body.keep_alive))
 
-    async def ndjson(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-        async for chunk in chunks:
-            for line in out.lines(chunk):
-                yield json.dumps(line).encode() + b"\n"
 
-    return await serve_completion(request, comp, body.stream, NDJSON, ndjson, out.whole)
+async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any, chat: bool
+                 ) -> web.StreamResponse:
+    async with use_model(request, body.model, body.priority, "chat", ollama=True,
+                         keep_alive_s=convert.keep_alive_seconds(body.keep_alive)
+                         ) as (rt, rank):
+        try:
+            comp = Completion(rt, inner, rank, request_user(request, body.user,
+                                                            by_address=True))
+        except CompletionError as e:
+            raise convert.renamed(e) from e
+        out = _Shaper(body.model, chat, raw=not comp.chat)
+
+        async def ndjson(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+            async for chunk in chunks:
+                for line in out.lines(chunk):
+                    yield json.dumps(line).encode() + b"\n"
+
+        return await serve_completion(request, comp, body.stream, NDJSON, ndjson, out.whole)
 
 
 class _Shaper:
@@ -258,14 +287,13 @@ class _Shaper:
 
 
 async def embed(request: web.Request) -> web.Response:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, EmbedBody)
-    alias = resolve(rt, body.model, ollama=True)
+    resolve(request, body.model, ollama=True)
     texts = [body.input] if isinstance(body.input, str) else body.input or []
     if not any(texts):  # as Ollama answers no input
         return web.json_response({"model": body.model, "embeddings": []})
-    inputs = _tokens(rt, texts, body.truncate)
-    result = await _embed(request, rt, inputs, body.priority, alias, body.user)
+    result = await _embed(request, body, texts, body.truncate)
     vectors = [d["embedding"] for d in result["data"]]
     if body.dimensions and body.dimensions > 0:  # Ollama takes <= 0 as unset
         vectors = [_shortened(v, body.dimensions) for v in vectors]
@@ -277,36 +305,33 @@ async def embed(request: web.Request) -> web.Response:
 
 
 async def legacy_embeddings(request: web.Request) -> web.Response:
-    rt = ready(request)
+    ready(request)
     body = await read_body(request, LegacyEmbedBody)
-    alias = resolve(rt, body.model, ollama=True)
+    resolve(request, body.model, ollama=True)
     if not body.prompt:  # as Ollama answers an empty prompt
         return web.json_response({"embedding": []})
-    result = await _embed(request, rt, _tokens(rt, [body.prompt], True), body.priority, alias,
-                          body.user)
+    result = await _embed(request, body, [body.prompt], True)
     return web.json_response({"embedding": result["data"][0]["embedding"]})
 
 
-def _tokens(rt: Any, texts: list[str], truncate: bool) -> list[list[int]]:
+async def _embed(request: web.Request, body: EmbedBody | LegacyEmbedBody, texts: list[str],
+                 truncate: bool) -> dict[str, Any]:
     if any(not t for t in texts):
         raise ApiError(400, "an input is empty", "invalid_value", "input")
-    inputs = embedding_inputs(rt, texts)
-    if truncate:  # Ollama's default: cut an input to what the model can take
-        limit, _ = rt.backend.embed_limits()
-        inputs = [x[:limit] for x in inputs]
-    return inputs
-
-
-async def _embed(request: web.Request, rt: Any, inputs: list[list[int]],
-                 priority: str | int | None, alias: str | None, user: str | None
-                 ) -> dict[str, Any]:
-    rank = request_class(request, priority, "embedding", alias)
-    try:
-        return await embeddings(rt, inputs, rank, request_user(request, user, by_address=True))
-    except CompletionError as e:
-        if e.code == "context_length_exceeded":
-            e.message = f"the input length exceeds the context length: {e.message}"
-        raise
+    async with use_model(request, body.model, body.priority, "embedding", ollama=True,
+                         keep_alive_s=convert.keep_alive_seconds(body.keep_alive)
+                         ) as (rt, rank):
+        inputs = embedding_inputs(rt, texts)
+        if truncate:  # Ollama's default: cut an input to what the model can take
+            limit, _ = rt.backend.embed_limits()
+            inputs = [x[:limit] for x in inputs]
+        try:
+            return await embeddings(rt, inputs, rank,
+                                    request_user(request, body.user, by_address=True))
+        except CompletionError as e:
+            if e.code == "context_length_exceeded":
+                e.message = f"the input length exceeds the context length: {e.message}"
+            raise
 
 
 def _shortened(vector: list[float], n: int) -> list[float]:

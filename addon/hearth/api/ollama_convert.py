@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +34,24 @@ _FIELD_NAMES = {**{v: f"options.{k}" for k, v in SAMPLING.items()},
 def go_time(when: datetime) -> str:
     """A UTC time as Go writes a time.Time (RFC 3339 with fractional seconds)."""
     return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: float | int | str | None) -> float | None:
+    """Ollama's keep_alive in seconds (a number is seconds, a string a Go duration); any
+    negative value is -1, kept forever; None when unset."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?", text.lstrip("-"))
+        seconds = sign * sum(float(n) * _UNIT_S[u or "s"] for n, u in parts)
+    return -1.0 if seconds < 0 else seconds
 
 
 def created_at() -> str:

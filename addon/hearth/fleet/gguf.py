@@ -104,8 +104,9 @@ class ModelShape:
             COMPUTE_OVERHEAD_BYTES
 
 
-def shape_of(path: Path) -> ModelShape:
-    meta = read_metadata(path)
+def shape_of(path: Path, meta: dict[str, Any] | None = None) -> ModelShape:
+    """The model's shape, from its header (or from ``meta``, the header already read)."""
+    meta = read_metadata(path) if meta is None else meta
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise GGUFError(f"{path.name} names no architecture")
@@ -125,3 +126,9 @@ def shape_of(path: Path) -> ModelShape:
         n_embd=n_embd, n_head=n_head, n_head_kv=num("attention.head_count_kv", n_head),
         head_dim_k=num("attention.key_length", head_dim),
         head_dim_v=num("attention.value_length", head_dim), file_bytes=path.stat().st_size)
+
+
+# llama.cpp's file types (llama_ftype) as Ollama names them, for the common quantizations.
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+              16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}

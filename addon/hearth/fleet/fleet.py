@@ -1,0 +1,332 @@
+"""The models this server serves, each a :class:`~hearth.runtime.Runtime` (its own context and
+engine thread), loaded and unloaded off the request path.
+
+A request leases its model for as long as it runs (``use``): a leased model is never unloaded.
+A request for a model that is not resident asks the residency policy what to do (load it, first
+unloading idle models least recently used; wait for running work to finish; or refuse a model
+that can never fit), then waits for the load within ``load_wait_s``. Idle models past their
+keep-alive are unloaded by a background task. All of this runs on the event loop; loading and
+unloading run in threads and wake the waiters when they end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..completions import CompletionError
+from ..models import ModelNotFound, resolve
+from ..policy.residency import ModelView, Plan, ResidencyPolicy
+from ..runtime import Runtime
+from ..scheduler import INTERACTIVE_RANK
+from ..settings import Settings
+from .gguf import GGUFError, read_metadata, shape_of
+from .registry import Entry, Registry
+
+log = logging.getLogger(__name__)
+
+RETRY_FAILED_S = 30.0  # a model that failed to load is tried again after this long
+SWEEP_S = 1.0
+
+
+def memory_budget(settings: Settings, meminfo: Path = Path("/proc/meminfo")) -> int:
+    """The bytes resident models may take: the setting, else four fifths of RAM."""
+    if settings.memory_budget_mb:
+        return settings.memory_budget_mb * 1024 * 1024
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 * 4 // 5
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62  # unknown: no limit but the machine's
+
+
+def settings_for(s: Settings, e: Entry, embedding_here: bool) -> Settings:
+    """The server's settings as this model runs them."""
+    spec = e.spec
+    return s.model_copy(update={
+        "model": spec.file, "models": [],
+        "n_ctx": spec.n_ctx or s.n_ctx, "n_parallel": spec.n_parallel or s.n_parallel,
+        "n_gpu_layers": s.n_gpu_layers if spec.n_gpu_layers is None else spec.n_gpu_layers,
+        "embedding_model": s.embedding_model if embedding_here else ""})
+
+
+@dataclass
+class Worker:
+    entry: Entry
+    rt: Runtime
+    bytes: int = 0  # estimated from the GGUF header
+    meta: dict[str, Any] = field(default_factory=dict)  # that header (no arrays)
+    path: Path | None = None  # the file, once it is on disk
+    leases: int = 0
+    last_used: float = 0.0
+    interactive_at: float | None = None
+    keep_alive_s: float | None = None  # a request's keep_alive (Ollama's) overrides the spec's
+    loads: int = 0
+    unloads: int = 0
+    failed_at: float | None = None
+    tasks: set[asyncio.Task] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def view(self) -> ModelView:
+        ka = self.keep_alive_s if self.keep_alive_s is not None else self.entry.spec.keep_alive_s
+        st = self.rt.state
+        return ModelView(self.name, self.bytes, loaded=st in ("ready", "unloading"),
+                         loading=st == "loading", pinned=self.entry.spec.pinned,
+                         keep_alive_s=None if ka < 0 else ka, last_used=self.last_used,
+                         busy=self.leases, interactive_at=self.interactive_at)
+
+
+class Fleet:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None):
+        self.settings = settings
+        self.registry = Registry.from_settings(settings)
+        self.policy = ResidencyPolicy(memory_budget(settings))
+        embed_at = self.registry.for_class("embedding")
+        self.workers: dict[str, Worker] = {}
+        for e in self.registry.entries:
+            if e.implicit:  # one model: its prefix cache stays where it always was
+                rt = runtime or Runtime(settings)
+            else:
+                rt = Runtime(settings_for(settings, e, e.name == embed_at), name=e.name,
+                             prefix_dir=Path(settings.data_dir) / "prefix-cache" / e.name)
+                rt.state = "unloaded"
+            self.workers[e.name] = Worker(e, rt)
+        first = self.registry.entries[0].name
+        self.start_models = [w.name for w in self.workers.values()
+                             if w.entry.spec.pinned] or [first]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed = asyncio.Event()
+        self._sweeper: asyncio.Task | None = None
+        self.started = time.monotonic()
+
+    # -- what the routes read ------------------------------------------------------------------
+    @property
+    def primary(self) -> Worker:
+        """The model voice goes to: its queue is the household's headline."""
+        return self.workers[self.registry.for_class("voice")]
+
+    @property
+    def state(self) -> str:
+        """ready once every model loaded at start is; failed if one of them failed or any
+        engine died."""
+        for w in self.workers.values():
+            if w.rt.engine is not None and w.rt.engine.error is not None:
+                return "failed"
+        states = [self.workers[n].rt.state for n in self.start_models]
+        if "failed" in states:
+            return "failed"
+        return "loading" if "loading" in states else "ready"
+
+    @property
+    def error(self) -> str | None:
+        for n in self.start_models:
+            if (w := self.workers[n]).rt.error:
+                return f"{n}: {w.rt.error}" if len(self.workers) > 1 else w.rt.error
+        return None
+
+    @property
+    def exit_code(self) -> int:
+        return max(w.rt.exit_code for w in self.workers.values())
+
+    def loaded(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.rt.state == "ready"]
+
+    def report(self) -> dict[str, Any]:
+        """Each model's residency, for /v1/queue."""
+        now = time.monotonic()
+        models = {}
+        for w in self.workers.values():
+            v = w.view()
+            idle = now - w.last_used if w.last_used else None
+            expires = None
+            if v.loaded and not v.pinned and v.keep_alive_s is not None and not w.leases:
+                expires = max(0.0, v.keep_alive_s - (idle or now - self.started))
+            models[w.name] = {
+                "state": w.rt.state, "error": w.rt.error, "pinned": v.pinned,
+                "classes": [c for c in ("voice", "chat", "agent", "background", "embedding")
+                            if self.registry.for_class(c) == w.name],
+                "aliases": list(w.entry.spec.aliases), "memory_bytes": w.bytes,
+                "keep_alive_s": v.keep_alive_s, "expires_in_s": expires, "in_use": w.leases,
+                "loads": w.loads, "unloads": w.unloads, "last_load_s": w.rt.load_s,
+                **self._queue_depth(w)}
+        resident = self.policy.used(w.view() for w in self.workers.values())
+        return {"models": models,
+                "memory": {"budget_bytes": min(self.policy.budget_bytes, 2**53),
+                           "resident_bytes": resident}}
+
+    @staticmethod
+    def _queue_depth(w: Worker) -> dict[str, int]:
+        core = w.rt.core
+        if core is None or w.rt.state != "ready":
+            return {"waiting": 0, "running": 0}
+        with core.lock:
+            q = core.queue_state()
+        return {"waiting": sum(q["waiting"].values()), "running": sum(q["running"].values())}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for w in self.workers.values():
+            w.rt.on_settled = lambda w=w: self._from_thread(self._settled, w)
+        for name in self.start_models:
+            w = self.workers[name]
+            if w.rt.engine is None and w.rt.state in ("loading", "unloaded"):
+                self._begin_load(w, [])
+        await asyncio.to_thread(self._estimate_all)
+        self._sweeper = asyncio.create_task(self._sweep(), name="hearth-keep-alive")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+
+    def close(self) -> None:
+        """Blocking: every engine stopped, prefixes saved, contexts freed."""
+        for w in self.workers.values():
+            w.rt.close()
+
+    def _estimate_all(self) -> None:
+        for w in self.workers.values():
+            w.bytes = self._estimate(w)
+
+    def _estimate(self, w: Worker) -> int:
+        s = w.rt.settings
+        try:
+            path = resolve(s.model, s.models_dir, download=False)
+        except ModelNotFound:
+            return w.bytes  # not downloaded yet: estimated once it is loaded
+        w.path = path
+        try:
+            w.meta = read_metadata(path)
+            n = shape_of(path, w.meta).resident_bytes(s.n_ctx)
+        except (GGUFError, OSError):
+            n = path.stat().st_size
+        if s.embedding_model:
+            with contextlib.suppress(ModelNotFound, OSError):
+                n += resolve(s.embedding_model, s.models_dir, download=False).stat().st_size
+        return n
+
+    async def _estimate_later(self, w: Worker) -> None:
+        w.bytes = await asyncio.to_thread(self._estimate, w)
+
+    def _from_thread(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(fn, *args)
+
+    def _wake(self) -> None:
+        """Everyone waiting for a change looks again."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _spawn(self, w: Worker, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        w.tasks.add(task)
+        task.add_done_callback(w.tasks.discard)
+
+    def _begin_load(self, w: Worker, victims: list[Worker]) -> None:
+        w.rt.state, w.rt.error = "loading", None  # resident from now: the policy counts it
+        for v in victims:
+            v.rt.state = "unloading"
+        self._spawn(w, self._load_after(w, victims))
+
+    async def _load_after(self, w: Worker, victims: list[Worker]) -> None:
+        for v in victims:
+            await self._unload(v)
+        log.info("loading model %s", w.name)
+        w.loads += 1
+        w.rt.start_loading()  # its thread calls _settled when it ends
+
+    def _settled(self, w: Worker) -> None:
+        if w.rt.state == "ready":
+            if not w.bytes:  # downloaded by this load: its header can be read now
+                self._spawn(w, self._estimate_later(w))
+            w.last_used = time.monotonic()
+            log.info("model %s loaded in %.1f s", w.name, w.rt.load_s or 0.0)
+        else:
+            w.failed_at = time.monotonic()
+        self._wake()
+
+    async def _unload(self, w: Worker) -> None:
+        w.rt.state = "unloading"
+        t0 = time.monotonic()
+        await asyncio.to_thread(w.rt.unload)
+        w.unloads += 1
+        w.keep_alive_s = None
+        log.info("model %s unloaded in %.1f s", w.name, time.monotonic() - t0)
+        self._wake()
+
+    async def _sweep(self) -> None:
+        """Unload idle models past their keep-alive."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            views = [w.view() for w in self.workers.values()]
+            for name in self.policy.expired(views, now):
+                w = self.workers[name]
+                if w.rt.state == "ready" and not w.leases:
+                    log.info("model %s idle past its keep-alive", name)
+                    w.rt.state = "unloading"
+                    self._spawn(w, self._unload(w))
+
+    # -- requests ------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(self, name: str, rank: int, keep_alive_s: float | None = None
+                  ) -> AsyncIterator[Runtime]:
+        """The model, loaded and leased for the duration (it is not unloaded under it)."""
+        w = self.workers[name]
+        await self._acquire(w, rank)
+        try:
+            yield w.rt
+        finally:
+            w.leases -= 1
+            w.last_used = time.monotonic()
+            if rank <= INTERACTIVE_RANK:
+                w.interactive_at = w.last_used
+            if keep_alive_s is not None:
+                w.keep_alive_s = keep_alive_s
+            self._wake()  # a request waiting for room may find it now
+
+    async def _acquire(self, w: Worker, rank: int) -> None:
+        deadline = time.monotonic() + self.settings.load_wait_s
+        while True:
+            st = w.rt.state
+            if st == "ready":
+                w.leases += 1
+                w.last_used = time.monotonic()
+                return
+            if st == "failed" and w.failed_at is not None and \
+                    time.monotonic() - w.failed_at < RETRY_FAILED_S:
+                raise CompletionError(503, f"model {w.name!r} failed to load: {w.rt.error}",
+                                      "model_not_ready", retry_after=RETRY_FAILED_S)
+            if st in ("unloaded", "failed"):
+                plan = self._plan(w, rank)
+                if plan.error:
+                    raise CompletionError(503, plan.error, "model_too_large")
+                if plan.load:
+                    self._begin_load(w, [self.workers[v] for v in plan.unload])
+                    continue
+            changed = self._changed
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = "waiting for memory" if st in ("unloaded", "failed") else st
+                raise CompletionError(503, f"model {w.name!r} is {why}; try again shortly",
+                                      "model_not_ready", retry_after=5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+
+    def _plan(self, w: Worker, rank: int) -> Plan:
+        views = [x.view() for x in self.workers.values()]
+        return self.policy.plan(views, w.name, rank, time.monotonic())
