@@ -302,10 +302,20 @@ class Completion:
                     yield usage
 
 
+def completion(target: Any, body: ChatCompletionRequest | CompletionRequest, rank: int,
+               user: str | None = None) -> Any:
+    """A completion on a local model, or on a remote worker (the same interface)."""
+    if getattr(target, "remote", False):
+        return target.completion(body, rank, user)
+    return Completion(target, body, rank, user)
+
+
 async def warm(rt: Any, body: ChatCompletionRequest, keep_rank: int) -> dict[str, Any]:
     """Compute and cache a chat prompt (as a request of class ``keep_rank`` would render it)
     without answering it: the next turn that starts the same way finds it cached. It runs as
     background work, so it never delays anyone, and is kept for ``keep_rank``."""
+    if getattr(rt, "remote", False):
+        return await rt.warm(body, keep_rank)
     body = body.model_copy(update={"max_tokens": 1, "max_completion_tokens": None,
                                    "stream": False, "temperature": 0.0,
                                    "response_format": None})
@@ -348,6 +358,8 @@ def embedding_inputs(rt: Any, raw: Any) -> list[list[int]]:
 
 
 async def embeddings(rt: Any, raw: Any, rank: int, user: str | None) -> dict[str, Any]:
+    if getattr(rt, "remote", False):
+        return await rt.embeddings(raw, rank, user)
     inputs = embedding_inputs(rt, raw)
     stream = AsyncStream()
     r = Request(prompt=inputs, rank=rank, sink=stream, user=user or "anonymous", kind="embed")

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api_models import ChatCompletionRequest, EmbeddingRequest
-from .completions import Completion, CompletionError, embeddings
+from .completions import CompletionError, completion, embeddings
 from .scheduler import class_rank
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ class JobRunner:
         self.retention_s = retention_s
         self.changed = asyncio.Condition()  # notified on every state change (for /v1/events)
         self._wake = asyncio.Event()
-        self._tasks: dict[str, tuple[asyncio.Task, Completion | None]] = {}
+        self._tasks: dict[str, tuple[asyncio.Task, Any]] = {}  # a job and its completion
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
 
@@ -294,9 +294,11 @@ class JobRunner:
                     result = await self._execute(job, rank)
                     break
                 except CompletionError as e:
-                    # The class queue is full, or the model is loading or waiting for room:
-                    # a durable job waits its turn.
-                    if e.status != 429 and e.code != "model_not_ready":
+                    # The class queue is full, the model is loading or waiting for room, or
+                    # a remote worker went away mid-run (the next try goes to its fallback):
+                    # a durable job waits its turn, and its result lands once.
+                    if e.status != 429 and e.code not in ("model_not_ready",
+                                                          "worker_unreachable"):
                         raise
                     await asyncio.sleep(e.retry_after or 1.0)
             done = await asyncio.to_thread(self.store.finish, job_id, result)
@@ -331,7 +333,7 @@ class JobRunner:
                 body = EmbeddingRequest.model_validate(req)
                 return await embeddings(rt, body.input, rank, body.user)
             body = ChatCompletionRequest.model_validate({**req, "stream": False})
-            comp = Completion(rt, body, rank)
+            comp = completion(rt, body, rank)
             self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
             comp.submit()
             try:

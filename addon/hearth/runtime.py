@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine import Engine, EngineConfig, EngineCore
+from .engine.arbiter import Arbiter
 from .models import resolve
 from .prefix_store import PrefixStore
 from .prompts import ChatFormatter
@@ -46,8 +47,9 @@ class Runtime:
     again; its stats live across loads."""
 
     def __init__(self, settings: Settings, name: str | None = None,
-                 prefix_dir: Path | None = None):
+                 prefix_dir: Path | None = None, arbiter: Arbiter | None = None):
         self.settings = settings
+        self.arbiter = arbiter  # shared with the other models' engines
         self.name = name  # None: the file's stem once loaded
         self.prefix_dir = prefix_dir or Path(settings.data_dir) / "prefix-cache"
         self.state = "loading"  # loading | ready | failed | unloading | unloaded
@@ -135,6 +137,8 @@ class Runtime:
                                        model.meta("general.architecture"))
         self.model, self.backend, self.core = model, backend, core
         self.model_id = self.name or path.stem
+        if self.arbiter is not None:
+            self.arbiter.join(core)
         self.engine = Engine(core, on_death=self._engine_died)
         self.engine.start()
         self.state = "ready"
@@ -187,6 +191,8 @@ class Runtime:
         if not self.close():
             self.state, self.error = "failed", "the engine did not stop to unload"
             return
+        if self.arbiter is not None and self.core is not None:
+            self.arbiter.leave(self.core)
         backend, self.backend = self.backend, None
         for m in {id(x): x for x in (self.model, getattr(backend, "_embed_model", None))
                   if x is not None}.values():

@@ -31,7 +31,7 @@ from .api.http import (
 )
 from .api.names import listed, use_model
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
-from .completions import Completion, embeddings, warm
+from .completions import completion, embeddings, warm
 from .fleet.fleet import Fleet
 from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
@@ -88,7 +88,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ready(request)
     body = await read_body(request, ChatCompletionRequest)
     async with use_model(request, body.model, body.priority, "chat") as (rt, rank):
-        return await openai_answer(request, Completion(
+        return await openai_answer(request, completion(
             rt, body, rank, request_user(request, body.user)))
 
 
@@ -96,7 +96,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     ready(request)
     body = await read_body(request, CompletionRequest)
     async with use_model(request, body.model, body.priority, "chat") as (rt, rank):
-        return await openai_answer(request, Completion(
+        return await openai_answer(request, completion(
             rt, body, rank, request_user(request, body.user)))
 
 
@@ -106,7 +106,7 @@ async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-def openai_answer(request: web.Request, comp: Completion) -> Awaitable[web.StreamResponse]:
+def openai_answer(request: web.Request, comp: Any) -> Awaitable[web.StreamResponse]:
     return serve_completion(request, comp, comp.body.stream, "text/event-stream", _sse)
 
 

@@ -48,6 +48,19 @@ class ModelSpec(BaseModel):
     keep_alive_s: float = Field(300.0, ge=-1, description="unloaded after this long idle "
                                 "(-1 = never; 0 = as soon as it is idle)")
     pinned: bool = Field(False, description="loaded at start and never unloaded")
+    # A remote worker: another server's model, reached over its OpenAI-compatible API.
+    url: str = Field("", description="a remote OpenAI-compatible server (another Hearth, "
+                     "llama-server, vLLM, Ollama) instead of a file: http://host:port")
+    kind: Literal["hearth", "vllm", "llama-server", "openai"] = Field(
+        "openai", description="what the remote server is: how its queue is read and the "
+        "class passed (Hearth: priority by name; vLLM: priority by rank)")
+    remote_model: str = Field("", description="the remote's name for the model (default: "
+                              "name; for another Hearth none, so it picks its class's model)")
+    api_key: str = Field("", description="the remote server's key")
+    max_concurrency: int = Field(4, ge=1, le=256, description="most requests in flight there")
+    timeout_s: float = Field(300.0, gt=0, description="a remote request's time limit")
+    fallback: str = Field("", description="the model requests go to while this remote is "
+                          "unreachable or saturated")
 
     @field_validator("classes", "aliases", mode="before")
     @classmethod
@@ -97,6 +110,12 @@ class Settings(BaseModel):
     memory_budget_mb: int = _opt(
         0, "most MB the resident models may take (weights + KV, read from their GGUF headers); "
         "past it the least recently used idle model is unloaded (0 = four fifths of RAM)", ge=0)
+    interactive_grace_s: float = _opt(
+        60.0, "a model that served voice or chat within this long is not unloaded to load "
+        "another for a lower class", ge=0)
+    arbitrate: bool = _opt(
+        True, "while one model has voice or chat work, the other models' engines pause between "
+        "iterations (they share one accelerator); off when each model has its own GPU")
     load_wait_s: float = _opt(120.0, "how long a request waits for its model to load before "
                               "503", gt=0)
 
@@ -172,11 +191,27 @@ class Settings(BaseModel):
                 if n in seen or n in ("hearth", "default"):
                     raise ValueError(f"models: the name {n!r} is used twice")
                 seen[n] = m.name
+            if m.url and m.file:
+                raise ValueError(f"models: {m.name!r} has both a file and a url")
+            if m.url and not m.url.startswith(("http://", "https://")):
+                raise ValueError(f"models: {m.name!r}: url must start with http:// or https://")
             for c in m.classes:
                 if c in claimed:
                     raise ValueError(f"models: class {c!r} is claimed by both "
                                      f"{claimed[c]!r} and {m.name!r}")
                 claimed[c] = m.name
+        names = {m.name: m for m in self.models}
+        for m in self.models:
+            seen_chain = [m.name]
+            nxt = m.fallback
+            while nxt:
+                if nxt not in names:
+                    raise ValueError(f"models: {m.name!r} falls back to {nxt!r}, which is not "
+                                     "a model here")
+                if nxt in seen_chain:
+                    raise ValueError(f"models: fallbacks go round: {' -> '.join(seen_chain)}")
+                seen_chain.append(nxt)
+                nxt = names[nxt].fallback
         return self
 
     def aging_seconds(self) -> dict[str, float]:

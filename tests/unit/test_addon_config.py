@@ -186,8 +186,11 @@ def test_a_list_of_entries_mirrors_its_model(config, name):
         if typing.get_origin(field.annotation) is list:
             assert spec["type"] == "str", f"{name}.{key}: a list is a comma-separated str"
             continue
-        kind, _ = field_kind(field)
-        assert spec["type"] == kind, f"{name}.{key}: schema {spec['type']} for {kind}"
+        kind, choices = field_kind(field)
+        expected = "password" if key == "api_key" else kind
+        assert spec["type"] == expected, f"{name}.{key}: schema {spec['type']} for {kind}"
+        if kind == "list":
+            assert sorted(spec["choices"]) == sorted(choices), f"{name}.{key}: choices"
         if kind in ("int", "float"):
             assert_same_range(field, spec, f"{name}.{key}")
     parsed = entry_model.model_validate({"name": "voice-model", "classes": "voice, chat",

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from ..completions import Completion, CompletionError
+from ..completions import CompletionError
 from ..fleet.fleet import Fleet
 from ..jobs import JobRunner
 from ..metrics import Metrics
@@ -164,7 +164,7 @@ def request_user(request: web.Request, user: str | None, by_address: bool = Fals
 
 
 async def serve_completion(
-    request: web.Request, comp: Completion, stream: bool, content_type: str,
+    request: web.Request, comp: Any, stream: bool, content_type: str,
     frames: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[bytes]],
     whole: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r,
 ) -> web.StreamResponse:

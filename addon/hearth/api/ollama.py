@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from ..backend import l2_normalised
-from ..completions import Completion, CompletionError, embedding_inputs, embeddings
+from ..completions import CompletionError, completion, embedding_inputs, embeddings
 from ..fleet.gguf import FILE_TYPES
 from . import ollama_convert as convert
 from .http import FLEET, ApiError, read_body, ready, request_user, serve_completion
@@ -213,7 +213,7 @@ async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any
                          keep_alive_s=convert.keep_alive_seconds(body.keep_alive)
                          ) as (rt, rank):
         try:
-            comp = Completion(rt, inner, rank, request_user(request, body.user,
+            comp = completion(rt, inner, rank, request_user(request, body.user,
                                                             by_address=True))
         except CompletionError as e:
             raise convert.renamed(e) from e
@@ -321,10 +321,12 @@ async def _embed(request: web.Request, body: EmbedBody | LegacyEmbedBody, texts:
     async with use_model(request, body.model, body.priority, "embedding", ollama=True,
                          keep_alive_s=convert.keep_alive_seconds(body.keep_alive)
                          ) as (rt, rank):
-        inputs = embedding_inputs(rt, texts)
-        if truncate:  # Ollama's default: cut an input to what the model can take
-            limit, _ = rt.backend.embed_limits()
-            inputs = [x[:limit] for x in inputs]
+        inputs: list[Any] = list(texts)  # a remote worker tokenizes for itself
+        if not getattr(rt, "remote", False):
+            inputs = embedding_inputs(rt, texts)
+            if truncate:  # Ollama's default: cut an input to what the model can take
+                limit, _ = rt.backend.embed_limits()
+                inputs = [x[:limit] for x in inputs]
         try:
             return await embeddings(rt, inputs, rank,
                                     request_user(request, body.user, by_address=True))

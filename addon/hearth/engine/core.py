@@ -46,6 +46,7 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence):
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
+        self.arbiter: Any = None  # set when other engines share the accelerator
         # Admission runs when something it depends on changed (an arrival, a finish, a
         # preemption, freed cells) or aging may have moved a class: not every iteration.
         self._admit_dirty = True
@@ -84,6 +85,8 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence):
             self._inbox.append(("add", r))
             self._maybe_abort(r)
         self.wakeup.set()
+        if self.arbiter is not None and r.rank <= INTERACTIVE_RANK:
+            self.arbiter.arrived(self, r.rank)  # outside our lock: it takes the others'
         return r
 
     def cancel(self, request_id: int) -> None:

@@ -41,6 +41,8 @@ class Engine:
                     core.wakeup.wait(0.5)
                     core.wakeup.clear()
                     continue
+                if core.arbiter is not None:
+                    core.arbiter.pause(core, self._stop)  # another model's voice goes first
                 if not core.step():
                     core.wakeup.wait(0.01)
                     core.wakeup.clear()

@@ -16,18 +16,21 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..completions import CompletionError
+from ..engine.arbiter import Arbiter
 from ..models import ModelNotFound, resolve
-from ..policy.residency import ModelView, Plan, ResidencyPolicy
+from ..policy.arbitration import Arbitration
+from ..policy.residency import Plan, ResidencyPolicy
 from ..runtime import Runtime
 from ..scheduler import INTERACTIVE_RANK
 from ..settings import Settings
 from .gguf import GGUFError, read_metadata, shape_of
-from .registry import Entry, Registry
+from .registry import Registry
+from .remote import RemoteWorker
+from .worker import Worker, memory_budget, settings_for
 
 log = logging.getLogger(__name__)
 
@@ -35,76 +38,30 @@ RETRY_FAILED_S = 30.0  # a model that failed to load is tried again after this l
 SWEEP_S = 1.0
 
 
-def memory_budget(settings: Settings, meminfo: Path = Path("/proc/meminfo")) -> int:
-    """The bytes resident models may take: the setting, else four fifths of RAM."""
-    if settings.memory_budget_mb:
-        return settings.memory_budget_mb * 1024 * 1024
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024 * 4 // 5
-    except (OSError, ValueError, IndexError):
-        pass
-    return 1 << 62  # unknown: no limit but the machine's
-
-
-def settings_for(s: Settings, e: Entry, embedding_here: bool) -> Settings:
-    """The server's settings as this model runs them."""
-    spec = e.spec
-    return s.model_copy(update={
-        "model": spec.file, "models": [],
-        "n_ctx": spec.n_ctx or s.n_ctx, "n_parallel": spec.n_parallel or s.n_parallel,
-        "n_gpu_layers": s.n_gpu_layers if spec.n_gpu_layers is None else spec.n_gpu_layers,
-        "embedding_model": s.embedding_model if embedding_here else ""})
-
-
-@dataclass
-class Worker:
-    entry: Entry
-    rt: Runtime
-    bytes: int = 0  # estimated from the GGUF header
-    meta: dict[str, Any] = field(default_factory=dict)  # that header (no arrays)
-    path: Path | None = None  # the file, once it is on disk
-    leases: int = 0
-    last_used: float = 0.0
-    interactive_at: float | None = None
-    keep_alive_s: float | None = None  # a request's keep_alive (Ollama's) overrides the spec's
-    loads: int = 0
-    unloads: int = 0
-    failed_at: float | None = None
-    tasks: set[asyncio.Task] = field(default_factory=set)
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    def view(self) -> ModelView:
-        ka = self.keep_alive_s if self.keep_alive_s is not None else self.entry.spec.keep_alive_s
-        st = self.rt.state
-        return ModelView(self.name, self.bytes, loaded=st in ("ready", "unloading"),
-                         loading=st == "loading", pinned=self.entry.spec.pinned,
-                         keep_alive_s=None if ka < 0 else ka, last_used=self.last_used,
-                         busy=self.leases, interactive_at=self.interactive_at)
-
-
 class Fleet:
     def __init__(self, settings: Settings, runtime: Runtime | None = None):
         self.settings = settings
         self.registry = Registry.from_settings(settings)
-        self.policy = ResidencyPolicy(memory_budget(settings))
+        self.policy = ResidencyPolicy(memory_budget(settings), settings.interactive_grace_s)
         embed_at = self.registry.for_class("embedding")
+        # One accelerator: while one model has voice or chat work, the others wait their turn.
+        self.arbiter = Arbiter(Arbitration(enabled=settings.arbitrate)) \
+            if len(self.registry.entries) > 1 else None
         self.workers: dict[str, Worker] = {}
         for e in self.registry.entries:
-            if e.implicit:  # one model: its prefix cache stays where it always was
+            if e.spec.url:
+                rt: Any = RemoteWorker(settings, e)
+            elif e.implicit:  # one model: its prefix cache stays where it always was
                 rt = runtime or Runtime(settings)
             else:
                 rt = Runtime(settings_for(settings, e, e.name == embed_at), name=e.name,
-                             prefix_dir=Path(settings.data_dir) / "prefix-cache" / e.name)
+                             prefix_dir=Path(settings.data_dir) / "prefix-cache" / e.name,
+                             arbiter=self.arbiter)
                 rt.state = "unloaded"
             self.workers[e.name] = Worker(e, rt)
-        first = self.registry.entries[0].name
-        self.start_models = [w.name for w in self.workers.values()
-                             if w.entry.spec.pinned] or [first]
+        local = [w for w in self.workers.values() if not w.remote]
+        self.start_models = [w.name for w in local if w.entry.spec.pinned] or \
+            [w.name for w in local[:1]]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
         self._sweeper: asyncio.Task | None = None
@@ -152,18 +109,37 @@ class Fleet:
             expires = None
             if v.loaded and not v.pinned and v.keep_alive_s is not None and not w.leases:
                 expires = max(0.0, v.keep_alive_s - (idle or now - self.started))
+            if w.remote:
+                spec = w.entry.spec
+                models[w.name] = {
+                    "state": w.rt.state, "error": w.rt.error, "url": w.rt.url,
+                    "kind": spec.kind, "fallback": spec.fallback or None,
+                    "classes": self._classes(w), "aliases": list(spec.aliases),
+                    "in_use": w.leases, "max_concurrency": spec.max_concurrency,
+                    "waiting": w.rt.remote_waiting, "running": w.leases}
+                continue
             models[w.name] = {
                 "state": w.rt.state, "error": w.rt.error, "pinned": v.pinned,
-                "classes": [c for c in ("voice", "chat", "agent", "background", "embedding")
-                            if self.registry.for_class(c) == w.name],
+                "classes": self._classes(w),
                 "aliases": list(w.entry.spec.aliases), "memory_bytes": w.bytes,
                 "keep_alive_s": v.keep_alive_s, "expires_in_s": expires, "in_use": w.leases,
                 "loads": w.loads, "unloads": w.unloads, "last_load_s": w.rt.load_s,
+                "paused_for_others_s": self._paused(w),
                 **self._queue_depth(w)}
         resident = self.policy.used(w.view() for w in self.workers.values())
         return {"models": models,
                 "memory": {"budget_bytes": min(self.policy.budget_bytes, 2**53),
                            "resident_bytes": resident}}
+
+    def _classes(self, w: Worker) -> list[str]:
+        return [c for c in ("voice", "chat", "agent", "background", "embedding")
+                if self.registry.for_class(c) == w.name]
+
+    def _paused(self, w: Worker) -> float:
+        core = w.rt.core
+        if self.arbiter is None or core is None:
+            return 0.0
+        return round(self.arbiter.paused_s.get(id(core), 0.0), 3)
 
     @staticmethod
     def _queue_depth(w: Worker) -> dict[str, int]:
@@ -184,21 +160,33 @@ class Fleet:
             if w.rt.engine is None and w.rt.state in ("loading", "unloaded"):
                 self._begin_load(w, [])
         await asyncio.to_thread(self._estimate_all)
+        self._check_remotes()
         self._sweeper = asyncio.create_task(self._sweep(), name="hearth-keep-alive")
 
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        for w in self.workers.values():
+            if w.remote:
+                await w.rt.close()
 
     def close(self) -> None:
         """Blocking: every engine stopped, prefixes saved, contexts freed."""
         for w in self.workers.values():
-            w.rt.close()
+            if not w.remote:
+                w.rt.close()
 
     def _estimate_all(self) -> None:
         for w in self.workers.values():
-            w.bytes = self._estimate(w)
+            if not w.remote:
+                w.bytes = self._estimate(w)
+
+    def _check_remotes(self) -> None:
+        now = time.monotonic()
+        for w in self.workers.values():
+            if w.remote:
+                w.rt.check_soon(now)
 
     def _estimate(self, w: Worker) -> int:
         s = w.rt.settings
@@ -272,6 +260,8 @@ class Fleet:
         """Unload idle models past their keep-alive."""
         while True:
             await asyncio.sleep(SWEEP_S)
+            self._check_remotes()
+            self._wake()  # a remote that came back, a grace that ran out
             now = time.monotonic()
             views = [w.view() for w in self.workers.values()]
             for name in self.policy.expired(views, now):
@@ -285,8 +275,9 @@ class Fleet:
     @contextlib.asynccontextmanager
     async def use(self, name: str, rank: int, keep_alive_s: float | None = None
                   ) -> AsyncIterator[Runtime]:
-        """The model, loaded and leased for the duration (it is not unloaded under it)."""
-        w = self.workers[name]
+        """The model, loaded and leased for the duration (it is not unloaded under it); for a
+        remote worker that is unreachable or saturated, its fallback."""
+        w = await self._choose(self.workers[name])
         await self._acquire(w, rank)
         try:
             yield w.rt
@@ -299,7 +290,33 @@ class Fleet:
                 w.keep_alive_s = keep_alive_s
             self._wake()  # a request waiting for room may find it now
 
+    def _available(self, w: Worker) -> bool:
+        return not w.remote or (w.rt.state == "ready" and not w.rt.saturated(w.leases))
+
+    async def _choose(self, w: Worker) -> Worker:
+        """``w``, or the first of its fallbacks that can take a request now; waits (within
+        ``load_wait_s``) while none can."""
+        deadline = time.monotonic() + self.settings.load_wait_s
+        while True:
+            target = w
+            while not self._available(target) and target.entry.spec.fallback:
+                target = self.workers[target.entry.spec.fallback]
+            if self._available(target):
+                return target
+            changed, left = self._changed, deadline - time.monotonic()
+            if left <= 0:
+                why = target.rt.error or ("saturated" if target.rt.state == "ready"
+                                          else "not checked yet")
+                raise CompletionError(503, f"worker {target.name!r} cannot take the request "
+                                      f"({why}); try again shortly", "model_not_ready",
+                                      retry_after=5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(left, SWEEP_S))
+
     async def _acquire(self, w: Worker, rank: int) -> None:
+        if w.remote:
+            w.leases += 1
+            return
         deadline = time.monotonic() + self.settings.load_wait_s
         while True:
             st = w.rt.state
@@ -324,8 +341,10 @@ class Fleet:
                 why = "waiting for memory" if st in ("unloaded", "failed") else st
                 raise CompletionError(503, f"model {w.name!r} is {why}; try again shortly",
                                       "model_not_ready", retry_after=5)
+            # Woken by any load, unload or finished request; and each second, since a grace
+            # or keep-alive running out changes the plan without an event.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+                await asyncio.wait_for(changed.wait(), min(left, SWEEP_S))
 
     def _plan(self, w: Worker, rank: int) -> Plan:
         views = [x.view() for x in self.workers.values()]
