@@ -8,6 +8,7 @@ import logging
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,11 @@ def packaged_model(package: str = DEFAULT_PACKAGE, filename: str = DEFAULT_FILE)
     raise ModelNotFound(f"{filename} is missing from the package {package!r}")
 
 
-def resolve(model: str, models_dir: str | Path, download: bool = True) -> Path:
+Progress = Callable[[int, int | None], None]  # (bytes so far, total or None)
+
+
+def resolve(model: str, models_dir: str | Path, download: bool = True,
+            progress: Progress | None = None) -> Path:
     """Where ``model`` lives on disk: an absolute path, or a name under the models folder
     (which it may not escape)."""
     if not model:
@@ -42,7 +47,7 @@ def resolve(model: str, models_dir: str | Path, download: bool = True) -> Path:
     if model.startswith(("https://", "http://")):
         if not download:
             raise ModelNotFound(f"{model} is not downloaded yet")
-        return fetch(model, Path(models_dir))
+        return fetch(model, Path(models_dir), progress=progress)
     p = Path(model).expanduser()
     if p.is_absolute():
         if p.is_file():
@@ -57,7 +62,8 @@ def resolve(model: str, models_dir: str | Path, download: bool = True) -> Path:
     raise ModelNotFound(f"model {model!r} not found under {base}")
 
 
-def fetch(url: str, models_dir: Path, chunk: int = 1 << 20) -> Path:
+def fetch(url: str, models_dir: Path, chunk: int = 1 << 20,
+          progress: Progress | None = None) -> Path:
     """Download ``url`` once into ``models_dir``. A ``.part`` file resumes an interrupted
     download with an HTTP Range request; progress (percent, MB/s) goes to the log."""
     name = Path(urllib.parse.urlparse(url).path).name
@@ -88,6 +94,8 @@ def fetch(url: str, models_dir: Path, chunk: int = 1 << 20) -> Path:
                     break
                 f.write(block)
                 got += len(block)
+                if progress is not None:
+                    progress(got, total)
                 now = time.monotonic()
                 if now - last >= 2.0 or (total and got == total):
                     last = now

@@ -69,6 +69,7 @@ class Runtime:
         self.settled = threading.Event()  # set once loading ended, ready or failed
         self.on_settled: Any = None  # called from the loading thread once it has settled
         self.load_s: float | None = None  # how long the last load took
+        self.progress: dict[str, Any] | None = None  # while loading: downloading, loading
 
     def start_loading(self) -> None:
         self.state, self.error = "loading", None
@@ -76,6 +77,9 @@ class Runtime:
         self._thread = threading.Thread(target=self._load_safely, name="hearth-load",
                                         daemon=True)
         self._thread.start()
+
+    def _downloaded(self, got: int, total: int | None) -> None:
+        self.progress = {"phase": "downloading", "bytes": got, "total_bytes": total}
 
     def _load_safely(self) -> None:
         t0 = time.monotonic()
@@ -87,6 +91,7 @@ class Runtime:
             self.error = str(e)
             log.error("loading the model failed: %s", e)
         finally:
+            self.progress = None
             self.settled.set()
             if self.on_settled is not None:
                 self.on_settled()
@@ -100,7 +105,8 @@ class Runtime:
         init_backend(verbose=s.verbose)
         self.backends = backend_names()
         log.info("llama.cpp backends: %s", ", ".join(self.backends))
-        path = resolve(s.model, s.models_dir)
+        path = resolve(s.model, s.models_dir, progress=self._downloaded)
+        self.progress = {"phase": "loading"}
         self.model_path = path
         log.info("loading %s", path)
         model = Model(path, n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)

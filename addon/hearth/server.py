@@ -72,7 +72,9 @@ async def models(request: web.Request) -> web.Response:
         rt = w.rt
         meta: dict[str, Any] = {"state": rt.state, "memory_bytes": w.bytes,
                                 "n_ctx": rt.settings.n_ctx}
-        if rt.state == "ready":
+        if w.remote:
+            meta = {"state": rt.state, "url": rt.url, "kind": w.entry.spec.kind}
+        elif rt.state == "ready":
             meta.update(description=rt.model.description, n_ctx=rt.backend.n_ctx,
                         n_ctx_seq=rt.backend.n_ctx_seq, file=rt.model_path.name)
         data.append({"id": names[0], "object": "model", "created": 0, "owned_by": "hearth",

@@ -41,6 +41,7 @@ from .const import (
     CONF_CLASS_POLICY,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
+    CONF_MODEL,
     CONF_PROMPT,
     CONF_REQUEST_CLASS,
     CONF_TEMPERATURE,
@@ -50,6 +51,7 @@ from .const import (
     DOMAIN,
     GENERATION_CLASSES,
     LOGGER,
+    MODEL_CLASS_DEFAULT,
     RECOMMENDED_AI_TASK_OPTIONS,
     RECOMMENDED_CONVERSATION_OPTIONS,
 )
@@ -296,10 +298,16 @@ class HearthSubentryFlowHandler(ConfigSubentryFlow):
             )
         else:
             options = dict(self._get_reconfigure_subentry().data)
+        # The server's models, as its last queue poll listed them (and the one picked before,
+        # should the server no longer serve it).
+        served = (self._get_entry().runtime_data.coordinator.data or {}).get("models") or {}
+        models = [*served, *([options[CONF_MODEL]] if options.get(CONF_MODEL) else [])]
         return self.async_show_form(
             step_id="set_options",
             data_schema=self.add_suggested_values_to_schema(
-                vol.Schema(_options_schema(self.hass, self._subentry_type, self._is_new)),
+                vol.Schema(
+                    _options_schema(self.hass, self._subentry_type, self._is_new, models)
+                ),
                 _valid_api_selection(self.hass, options),
             ),
         )
@@ -323,6 +331,8 @@ def _clean_options(subentry_type: str, user_input: dict[str, Any]) -> dict[str, 
     data = dict(user_input)
     if not data.get(CONF_LLM_HASS_API):
         data.pop(CONF_LLM_HASS_API, None)
+    if data.get(CONF_MODEL) in (None, "", MODEL_CLASS_DEFAULT):
+        data.pop(CONF_MODEL, None)  # left to the server: each class's own model
     for key in (CONF_MAX_TOKENS, CONF_MAX_HISTORY):
         if data.get(key) is not None:
             data[key] = int(data[key])
@@ -331,13 +341,21 @@ def _clean_options(subentry_type: str, user_input: dict[str, Any]) -> dict[str, 
     return data
 
 
-def _options_schema(hass: HomeAssistant, subentry_type: str, is_new: bool) -> VolDictType:
+def _options_schema(
+    hass: HomeAssistant, subentry_type: str, is_new: bool, models: list[str]
+) -> VolDictType:
     schema: VolDictType = {}
     if is_new:
         default_name = (
             DEFAULT_AI_TASK_NAME if subentry_type == "ai_task_data" else DEFAULT_CONVERSATION_NAME
         )
         schema[vol.Required(CONF_NAME, default=default_name)] = str
+    choices = [MODEL_CLASS_DEFAULT, *dict.fromkeys(m for m in models if m != MODEL_CLASS_DEFAULT)]
+    schema[vol.Required(CONF_MODEL, default=MODEL_CLASS_DEFAULT)] = SelectSelector(
+        SelectSelectorConfig(
+            options=choices, translation_key="model", mode=SelectSelectorMode.DROPDOWN
+        )
+    )
 
     max_tokens = NumberSelector(
         NumberSelectorConfig(min=1, max=32768, step=1, mode=NumberSelectorMode.BOX)

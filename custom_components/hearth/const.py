@@ -29,6 +29,9 @@ CONF_TEMPERATURE: Final = "temperature"
 CONF_MAX_HISTORY: Final = "max_history"
 CONF_CLASS_POLICY: Final = "class_policy"
 CONF_REQUEST_CLASS: Final = "request_class"
+CONF_MODEL: Final = "model"
+# The subentry's model option when it leaves the model to the server: each class's own.
+MODEL_CLASS_DEFAULT: Final = "class_default"
 
 DEFAULT_MAX_TOKENS: Final = 512
 DEFAULT_TEMPERATURE: Final = 0.7
@@ -43,10 +46,12 @@ RECOMMENDED_CONVERSATION_OPTIONS: Final = {
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
     CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
     CONF_CLASS_POLICY: CLASS_POLICY_AUTO,
+    CONF_MODEL: MODEL_CLASS_DEFAULT,
 }
 RECOMMENDED_AI_TASK_OPTIONS: Final = {
     CONF_REQUEST_CLASS: DEFAULT_AI_TASK_CLASS,
     CONF_MAX_TOKENS: DEFAULT_AI_TASK_MAX_TOKENS,
+    CONF_MODEL: MODEL_CLASS_DEFAULT,
 }
 
 # Header the server also accepts the class in.

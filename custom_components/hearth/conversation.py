@@ -163,4 +163,6 @@ class HearthConversationEntity(
             chat_log, agent_llm_context(self.hass, self.entity_id, device_id)
         )
         policy = self.subentry.data.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO)
-        return warm_up_body(self.hass, chat_log, warm_up_class_for(policy))
+        return warm_up_body(
+            self.hass, chat_log, warm_up_class_for(policy), self.subentry.data
+        )

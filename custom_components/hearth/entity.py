@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
@@ -24,6 +24,7 @@ from .compat import device_link, exposed_names, schema_to_openapi, tool_result_m
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
+    CONF_MODEL,
     CONF_TEMPERATURE,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_TOKENS,
@@ -31,6 +32,7 @@ from .const import (
     DOMAIN,
     LOGGER,
     MAX_TOOL_ITERATIONS,
+    MODEL_CLASS_DEFAULT,
 )
 from .coordinator import HearthQueueCoordinator
 
@@ -119,14 +121,26 @@ def tool_fields(hass: HomeAssistant, llm_api: llm.APIInstance | None) -> dict[st
     return fields
 
 
+def model_field(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"model": name}`` for a subentry that picked one of the server's models; nothing for
+    one that leaves it to the server (each class goes to its own model there)."""
+    model = options.get(CONF_MODEL)
+    return {"model": model} if model and model != MODEL_CLASS_DEFAULT else {}
+
+
 def warm_up_body(
-    hass: HomeAssistant, chat_log: conversation.ChatLog, request_class: str
+    hass: HomeAssistant,
+    chat_log: conversation.ChatLog,
+    request_class: str,
+    options: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The ``/v1/cache/warm`` body for a chat log given its system prompt and tools: what every
-    request of that log starts with, to be cached for ``request_class``."""
+    request of that log starts with, to be cached for ``request_class`` on the model its turns
+    go to."""
     return {
         "messages": [convert_content(chat_log.content[0])],
         "priority": request_class,
+        **model_field(options),
         **tool_fields(hass, chat_log.llm_api),
     }
 
@@ -331,10 +345,12 @@ class HearthBaseLLMEntity(Entity):
         options = self.subentry.data
         data = self.entry.runtime_data
 
-        # No "model": the server serves one model, so swapping it needs no reconfiguration.
+        # No "model" unless the subentry picked one: the server sends each class to its own
+        # model, so swapping models there needs no reconfiguration here.
         body: dict[str, Any] = {
             "max_tokens": int(max_tokens or options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
             "priority": request_class,
+            **model_field(options),
             **tool_fields(self.hass, chat_log.llm_api),
         }
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:

@@ -13,8 +13,9 @@ from homeassistant.components.sensor import (
     SensorStateClass,
 )
 from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
-from homeassistant.core import HomeAssistant
+from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+from homeassistant.util import slugify
 
 from .const import INTERACTIVE_CLASSES, REQUEST_CLASSES
 from .entity import HearthServerEntity
@@ -223,8 +224,70 @@ async def async_setup_entry(
     config_entry: HearthConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    """Set up the queue sensors on the server's device."""
+    """Set up the queue sensors on the server's device, and one sensor per model or remote
+    worker the server reports (more appear as the server reports more)."""
     async_add_entities(HearthQueueSensor(config_entry, description) for description in SENSORS)
+    coordinator = config_entry.runtime_data.coordinator
+    known: set[str] = set()
+
+    @callback
+    def add_models() -> None:
+        new = [m for m in _models(coordinator.data) if m not in known]
+        known.update(new)
+        if new:
+            async_add_entities(HearthModelSensor(config_entry, model) for model in new)
+
+    add_models()
+    config_entry.async_on_unload(coordinator.async_add_listener(add_models))
+
+
+def _models(data: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    models = (data or {}).get("models")
+    return models if isinstance(models, dict) else {}
+
+
+MODEL_STATES = ["ready", "loading", "unloading", "unloaded", "failed", "unreachable", "unknown"]
+MODEL_ATTRIBUTES = ("classes", "aliases", "pinned", "in_use", "waiting", "running",
+                    "memory_bytes", "keep_alive_s", "expires_in_s", "loads", "unloads",
+                    "last_load_s", "paused_for_others_s", "url", "kind", "fallback",
+                    "max_concurrency", "error")
+
+
+class HearthModelSensor(HearthServerEntity, SensorEntity):
+    """One model of the server, or a remote worker: loaded, loading, unloaded, unreachable;
+    its classes and queue depth as attributes."""
+
+    _attr_device_class = SensorDeviceClass.ENUM
+    _attr_options = MODEL_STATES
+    _attr_translation_key = "model"
+    _attr_entity_category = EntityCategory.DIAGNOSTIC
+
+    def __init__(self, entry: HearthConfigEntry, model: str) -> None:
+        """Initialize the sensor."""
+        super().__init__(entry, f"model_{slugify(model)}")
+        self.model = model
+        self._attr_translation_placeholders = {"model": model}
+
+    @property
+    def _info(self) -> dict[str, Any] | None:
+        return _models(self.coordinator.data).get(self.model)
+
+    @property
+    def available(self) -> bool:
+        """Unavailable once the server no longer lists the model."""
+        return super().available and self._info is not None
+
+    @property
+    def native_value(self) -> str | None:
+        """Return the model's state."""
+        state = (self._info or {}).get("state")
+        return state if state in MODEL_STATES else None
+
+    @property
+    def extra_state_attributes(self) -> dict[str, Any] | None:
+        """Return what the server reports of the model."""
+        info = self._info or {}
+        return {key: info[key] for key in MODEL_ATTRIBUTES if key in info} or None
 
 
 class HearthQueueSensor(HearthServerEntity, SensorEntity):

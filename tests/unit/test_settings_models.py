@@ -49,3 +49,21 @@ def test_model_names_cannot_escape_the_models_folder(tmp_path):
         models.resolve("../secret.gguf", tmp_path / "models")
     with pytest.raises(models.ModelNotFound):
         models.resolve("missing.gguf", tmp_path / "models")
+
+
+def test_a_download_reports_its_progress(tmp_path, monkeypatch):
+    """What /v1/queue shows of a model being downloaded: bytes so far of the total."""
+    import io
+
+    data = b"GGUF" + b"x" * ((3 << 20) - 4)
+
+    class Response(io.BytesIO):
+        status = 200
+        headers = {"Content-Length": str(len(data))}
+
+    monkeypatch.setattr(models.urllib.request, "urlopen", lambda req, timeout: Response(data))
+    seen: list[tuple[int, int | None]] = []
+    path = models.fetch("https://example.invalid/m.gguf", tmp_path, chunk=1 << 20,
+                        progress=lambda got, total: seen.append((got, total)))
+    assert path.read_bytes() == data
+    assert seen == [(n << 20, 3 << 20) for n in (1, 2, 3)]

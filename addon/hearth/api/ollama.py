@@ -45,7 +45,7 @@ def _details(w: Any) -> dict[str, Any]:
     """From the model's GGUF header, loaded or not (and its loaded description as a
     fallback for quantizations the table does not name)."""
     meta, rt = w.meta, w.rt
-    words = rt.model.description.split() if rt.state == "ready" else []
+    words = rt.model.description.split() if rt.state == "ready" and not w.remote else []
     arch = meta.get("general.architecture") or (words[0] if words else "")
     quant = FILE_TYPES.get(meta.get("general.file_type", -1)) or \
         (_quantization(rt.model.description) if words else "")
@@ -115,7 +115,7 @@ async def ps(request: web.Request) -> web.Response:
     report = fleet.report()["models"]
     out = []
     for w, names in listed(request):
-        if w.rt.state != "ready":
+        if w.rt.state != "ready" or w.remote:  # a remote worker's memory is its own
             continue
         rt, left = w.rt, report[w.name]["expires_in_s"]
         gpu = rt.settings.n_gpu_layers != 0 and any(b != "cpu" for b in rt.backends)

@@ -123,7 +123,8 @@ class Fleet:
                 "classes": self._classes(w),
                 "aliases": list(w.entry.spec.aliases), "memory_bytes": w.bytes,
                 "keep_alive_s": v.keep_alive_s, "expires_in_s": expires, "in_use": w.leases,
-                "loads": w.loads, "unloads": w.unloads, "last_load_s": w.rt.load_s,
+                "progress": w.rt.progress, "loads": w.loads, "unloads": w.unloads,
+                "last_load_s": w.rt.load_s,
                 "paused_for_others_s": self._paused(w),
                 **self._queue_depth(w)}
         resident = self.policy.used(w.view() for w in self.workers.values())
