@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_a_download_reports_its_progress(tmp_path, monkeypatch):
 
     class Response(io.BytesIO):
         status = 200
-        headers = {"Content-Length": str(len(data))}
+        headers: ClassVar[dict[str, str]] = {"Content-Length": str(len(data))}
 
     monkeypatch.setattr(models.urllib.request, "urlopen", lambda req, timeout: Response(data))
     seen: list[tuple[int, int | None]] = []
