@@ -207,6 +207,9 @@ class JobStore:
             return self._db.execute("PRAGMA integrity_check").fetchone()[0]
 
 
+MAX_LOST_RUNS = 3
+
+
 class JobRunner:
     """Feeds queued jobs to the engine, a bounded number at a time (the engine's own queue
     decides the order among classes), and records their outcome."""
@@ -288,17 +291,21 @@ class JobRunner:
     async def _run(self, job: dict[str, Any]) -> None:
         job_id = job["id"]
         rank = class_rank(job["class"])
+        lost = 0  # runs a remote worker failed
         try:
             while True:
                 try:
                     result = await self._execute(job, rank)
                     break
                 except CompletionError as e:
-                    # The class queue is full, the model is loading or waiting for room, or
-                    # a remote worker went away mid-run (the next try goes to its fallback):
-                    # a durable job waits its turn, and its result lands once.
-                    if e.status != 429 and e.code not in ("model_not_ready",
-                                                          "worker_unreachable"):
+                    # The class queue is full, or the model is loading or waiting for room:
+                    # a durable job waits its turn. A remote worker that went away mid-run:
+                    # the next try goes to its fallback, a few times at most (a request that
+                    # fails a worker every time is the request's fault). Its result lands once.
+                    lost += e.code == "worker_unreachable"
+                    if (e.status != 429 and e.code not in ("model_not_ready",
+                                                           "worker_unreachable")) \
+                            or lost > MAX_LOST_RUNS:
                         raise
                     await asyncio.sleep(e.retry_after or 1.0)
             done = await asyncio.to_thread(self.store.finish, job_id, result)

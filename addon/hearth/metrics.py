@@ -64,6 +64,12 @@ class _EngineCollector:
         up.add_metric([], 1.0 if fleet.state == "ready" else 0.0)
         yield up
         yield from _models(fleet)
+        jobs = self.metrics.job_counts
+        if jobs:
+            g = GaugeMetricFamily("hearth_jobs", "Durable jobs by status", labels=["status"])
+            for status, n in jobs.items():
+                g.add_metric([status], n)
+            yield g
         core = rt.core
         if core is None or rt.state != "ready":
             return
@@ -101,12 +107,6 @@ class _EngineCollector:
         prompt = CounterMetricFamily("hearth_prompt_tokens", "Prompt tokens computed")
         prompt.add_metric([], snap["prompt_tokens_total"])
         yield from (kv, hit, tps, gen, prompt)
-        jobs = self.metrics.job_counts
-        if jobs:
-            g = GaugeMetricFamily("hearth_jobs", "Durable jobs by status", labels=["status"])
-            for status, n in jobs.items():
-                g.add_metric([status], n)
-            yield g
 
 
 def _prefix_by_class(by_class: dict[str, dict[str, Any]]):

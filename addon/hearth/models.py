@@ -46,6 +46,9 @@ def resolve(model: str, models_dir: str | Path, download: bool = True,
         return packaged_model()
     if model.startswith(("https://", "http://")):
         if not download:
+            name = Path(urllib.parse.urlparse(model).path).name
+            if name and (Path(models_dir) / name).is_file():
+                return Path(models_dir) / name  # downloaded by an earlier start
             raise ModelNotFound(f"{model} is not downloaded yet")
         return fetch(model, Path(models_dir), progress=progress)
     p = Path(model).expanduser()

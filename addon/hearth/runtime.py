@@ -69,6 +69,7 @@ class Runtime:
         self.settled = threading.Event()  # set once loading ended, ready or failed
         self.on_settled: Any = None  # called from the loading thread once it has settled
         self.load_s: float | None = None  # how long the last load took
+        self.failed_at: float | None = None  # when the last load failed
         self.progress: dict[str, Any] | None = None  # while loading: downloading, loading
         # The cost model of the last load: a reload skips the calibration decodes (5 of the
         # 5.5 s SmolLM2 takes to load on 2 cores).
@@ -90,6 +91,7 @@ class Runtime:
             self.load()
             self.load_s = time.monotonic() - t0
         except Exception as e:
+            self.failed_at = time.monotonic()
             self.state = "failed"
             self.error = str(e)
             log.error("loading the model failed: %s", e)
@@ -102,7 +104,7 @@ class Runtime:
     def load(self) -> None:
         # Imported here: llama.cpp is loaded only by a process that serves a model.
         from .backend import LlamaBackend
-        from .llama_adapter import ContextParams, Model, backend_names, init_backend
+        from .llama_adapter import Model, backend_names, init_backend
 
         s = self.settings
         init_backend(verbose=s.verbose)
@@ -112,35 +114,29 @@ class Runtime:
         self.progress = {"phase": "loading"}
         self.model_path = path
         log.info("loading %s", path)
-        model = Model(path, n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
-        if reason := unservable(model):
-            model.close()
-            raise ValueError(f"{path.name}: {reason}")
-        embed_model = None
-        if s.embedding_model:
-            embed_model = Model(resolve(s.embedding_model, s.models_dir),
-                                n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
-        entries = s.prefix_cache_entries if s.prefix_cache else 0
-        params = ContextParams(
-            n_ctx=s.n_ctx, n_seq_max=s.n_parallel + entries, n_batch=s.n_batch,
-            n_ubatch=s.n_ubatch, n_threads=s.n_threads or (os.cpu_count() or 1),
-            flash_attn=s.flash_attn)
-        backend = LlamaBackend(model, params, embed_model=embed_model,
-                               embed_batch=min(2048, s.n_batch * 4))
-        core = EngineCore(
-            backend,
-            PolicyConfig(mode=s.policy, n_parallel=s.n_parallel, aging_seconds=s.aging_seconds(),
-                         fair_slots=s.fair_slots,
-                         caps=s.caps()),
-            EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
-                         relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
-                         prefix_cache_entries=entries, max_queue=s.max_queue,
-                         prefix_cache_kept_share=s.prefix_cache_kept_share),
-            self.stats)
-        if self._costs is not None:  # a reload: what the engine learnt still holds
-            core.cost, core.embed_cost = self._costs
-        else:
-            core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
+        opened: list[Any] = []  # closed again, newest first, if the load fails part-way
+        try:
+            model = Model(path, n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
+            opened.append(model)
+            if reason := unservable(model):
+                raise ValueError(f"{path.name}: {reason}")
+            embed_model = None
+            if s.embedding_model:
+                embed_model = Model(resolve(s.embedding_model, s.models_dir),
+                                    n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
+                opened.append(embed_model)
+            backend = LlamaBackend(model, self._context_params(), embed_model=embed_model,
+                                   embed_batch=min(2048, s.n_batch * 4))
+            opened.append(backend)
+            core = self._core(backend)
+            if self._costs is not None:  # a reload: what the engine learnt still holds
+                core.cost, core.embed_cost = self._costs
+            else:
+                core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
+        except BaseException:
+            for x in reversed(opened):
+                x.close()
+            raise
         if s.prefix_cache and s.prefix_store_mb > 0:
             self._restore_prefixes(core, path, backend.n_ctx)
         specials = model.special_tokens()
@@ -156,6 +152,29 @@ class Runtime:
         self.state = "ready"
         log.info("model %s ready (%s, n_ctx=%d, n_parallel=%d, policy=%s)", self.model_id,
                  model.description, backend.n_ctx, s.n_parallel, s.policy)
+
+    def _context_params(self) -> Any:
+        from .llama_adapter import ContextParams
+
+        s = self.settings
+        entries = s.prefix_cache_entries if s.prefix_cache else 0
+        return ContextParams(
+            n_ctx=s.n_ctx, n_seq_max=s.n_parallel + entries, n_batch=s.n_batch,
+            n_ubatch=s.n_ubatch, n_threads=s.n_threads or (os.cpu_count() or 1),
+            flash_attn=s.flash_attn)
+
+    def _core(self, backend: Any) -> EngineCore:
+        s = self.settings
+        entries = s.prefix_cache_entries if s.prefix_cache else 0
+        return EngineCore(
+            backend,
+            PolicyConfig(mode=s.policy, n_parallel=s.n_parallel, aging_seconds=s.aging_seconds(),
+                         fair_slots=s.fair_slots, caps=s.caps()),
+            EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
+                         relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
+                         prefix_cache_entries=entries, max_queue=s.max_queue,
+                         prefix_cache_kept_share=s.prefix_cache_kept_share),
+            self.stats)
 
     def _restore_prefixes(self, core: EngineCore, path: Path, n_ctx: int) -> None:
         """The voice and chat prompts saved at the last stop go back into the KV cache before

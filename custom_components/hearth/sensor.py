@@ -15,7 +15,6 @@ from homeassistant.components.sensor import (
 from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
-from homeassistant.util import slugify
 
 from .const import INTERACTIVE_CLASSES, REQUEST_CLASSES
 from .entity import HearthServerEntity
@@ -264,7 +263,7 @@ class HearthModelSensor(HearthServerEntity, SensorEntity):
 
     def __init__(self, entry: HearthConfigEntry, model: str) -> None:
         """Initialize the sensor."""
-        super().__init__(entry, f"model_{slugify(model)}")
+        super().__init__(entry, f"model_{model}")  # names differ where slugs may not
         self.model = model
         self._attr_translation_placeholders = {"model": model}
 

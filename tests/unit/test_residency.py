@@ -122,3 +122,13 @@ def test_random_households_keep_every_rule(sizes, pinned, budget, script):
         assert not plan.wait, (want, plan)
         apply(models, plan)
         assert policy.used(models.values()) <= policy.budget_bytes
+
+
+def test_a_model_being_unloaded_is_never_picked_again():
+    """Its unload is under way (the keep-alive sweep's, or another load's): it is neither a
+    victim of the next load nor expired again, and its memory counts until it is gone."""
+    policy = ResidencyPolicy(budget_bytes=100)
+    models = [ModelView("a", 60, loaded=True, unloading=True), ModelView("b", 60)]
+    plan = policy.plan(models, "b", BACKGROUND_RANK, now=1000.0)
+    assert plan.wait and not plan.unload and plan.load is None
+    assert policy.expired(models, now=1e9) == []

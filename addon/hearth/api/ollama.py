@@ -200,10 +200,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def _load_only(request: web.Request, body: ChatBody | GenerateBody, chat: bool
                      ) -> web.Response:
-    """An empty request loads the model (or, with keep_alive 0, lets it go), as in Ollama."""
-    async with use_model(request, body.model, body.priority, "chat", ollama=True,
-                         keep_alive_s=convert.keep_alive_seconds(body.keep_alive)):
-        pass
+    """An empty request loads the model (or, with keep_alive 0, lets it go once idle,
+    without loading it first), as in Ollama."""
+    keep_alive = convert.keep_alive_seconds(body.keep_alive)
+    if keep_alive == 0:
+        request.app[FLEET].expire(_worker(request, body.model).name)
+    else:
+        async with use_model(request, body.model, body.priority, "chat", ollama=True,
+                             keep_alive_s=keep_alive):
+            pass
     return web.json_response(_loaded(body.model, chat, body.keep_alive))
 
 

@@ -75,20 +75,21 @@ class Fleet:
 
     @property
     def state(self) -> str:
-        """ready once every model loaded at start is; failed if one of them failed or any
-        engine died."""
+        """ready once every model loaded at start has loaded; failed if one of those first
+        loads failed or any engine died. A model unloaded and loading again later (or failing
+        to) is that model's business: its requests wait or get its error, the rest serve."""
         for w in self.workers.values():
             if w.rt.engine is not None and w.rt.engine.error is not None:
                 return "failed"
-        states = [self.workers[n].rt.state for n in self.start_models]
-        if "failed" in states:
+        first = [self.workers[n].first_load for n in self.start_models]
+        if "failed" in first:
             return "failed"
-        return "loading" if "loading" in states else "ready"
+        return "loading" if None in first else "ready"
 
     @property
     def error(self) -> str | None:
         for n in self.start_models:
-            if (w := self.workers[n]).rt.error:
+            if (w := self.workers[n]).first_load == "failed" and w.rt.error:
                 return f"{n}: {w.rt.error}" if len(self.workers) > 1 else w.rt.error
         return None
 
@@ -168,6 +169,9 @@ class Fleet:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        # An unload under way must end before close() frees what it frees.
+        await asyncio.gather(*(t for w in self.workers.values() for t in list(w.tasks)),
+                             return_exceptions=True)
         for w in self.workers.values():
             if w.remote:
                 await w.rt.close()
@@ -227,6 +231,7 @@ class Fleet:
 
     def _begin_load(self, w: Worker, victims: list[Worker]) -> None:
         w.rt.state, w.rt.error = "loading", None  # resident from now: the policy counts it
+        w.last_used = time.monotonic()  # its keep-alive counts from here, not a past use
         for v in victims:
             v.rt.state = "unloading"
         self._spawn(w, self._load_after(w, victims))
@@ -239,19 +244,23 @@ class Fleet:
         w.rt.start_loading()  # its thread calls _settled when it ends
 
     def _settled(self, w: Worker) -> None:
+        if w.first_load is None:
+            w.first_load = "ready" if w.rt.state == "ready" else "failed"
         if w.rt.state == "ready":
             if not w.bytes:  # downloaded by this load: its header can be read now
                 self._spawn(w, self._estimate_later(w))
             w.last_used = time.monotonic()
             log.info("model %s loaded in %.1f s", w.name, w.rt.load_s or 0.0)
-        else:
-            w.failed_at = time.monotonic()
         self._wake()
 
     async def _unload(self, w: Worker) -> None:
         w.rt.state = "unloading"
         t0 = time.monotonic()
         await asyncio.to_thread(w.rt.unload)
+        if w.rt.state == "failed":  # a stuck engine: its context is kept, never reloaded
+            log.error("model %s could not be unloaded: %s", w.name, w.rt.error)
+            self._wake()
+            return
         w.unloads += 1
         w.keep_alive_s = None
         log.info("model %s unloaded in %.1f s", w.name, time.monotonic() - t0)
@@ -318,17 +327,26 @@ class Fleet:
         if w.remote:
             w.leases += 1
             return
+        w.waiting += 1  # busy for the policy while it waits: not a victim of another load
+        try:
+            await self._wait_loaded(w, rank)
+        finally:
+            w.waiting -= 1
+        w.leases += 1
+        w.last_used = time.monotonic()
+
+    async def _wait_loaded(self, w: Worker, rank: int) -> None:
         deadline = time.monotonic() + self.settings.load_wait_s
         while True:
             st = w.rt.state
             if st == "ready":
-                w.leases += 1
-                w.last_used = time.monotonic()
                 return
-            if st == "failed" and w.failed_at is not None and \
-                    time.monotonic() - w.failed_at < RETRY_FAILED_S:
-                raise CompletionError(503, f"model {w.name!r} failed to load: {w.rt.error}",
-                                      "model_not_ready", retry_after=RETRY_FAILED_S)
+            if st == "failed" and (w.rt.engine is not None or time.monotonic() -
+                                   (w.rt.failed_at or 0.0) < RETRY_FAILED_S):
+                # Failed to load (tried again after a while), or an engine that would not
+                # stop: its context is still held, so it is never loaded over.
+                raise CompletionError(503, f"model {w.name!r} failed: {w.rt.error}",
+                                      "model_failed", retry_after=RETRY_FAILED_S)
             if st in ("unloaded", "failed"):
                 plan = self._plan(w, rank)
                 if plan.error:
@@ -346,6 +364,10 @@ class Fleet:
             # or keep-alive running out changes the plan without an event.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(left, SWEEP_S))
+
+    def expire(self, name: str) -> None:
+        """Ollama's ``keep_alive: 0`` on an empty request: unloaded once idle, not loaded."""
+        self.workers[name].keep_alive_s = 0.0
 
     def _plan(self, w: Worker, rank: int) -> Plan:
         views = [x.view() for x in self.workers.values()]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..models import DEFAULT_FILE
+from ..models import DEFAULT_FILE, ModelNotFound, resolve
 from ..settings import CLASS_NAMES, ModelSpec, Settings
 
 ALIAS_CLASSES = ("voice", "chat", "agent", "background")
@@ -61,11 +61,16 @@ class Registry:
     def from_settings(cls, s: Settings) -> Registry:
         if s.models:
             return cls([Entry(m.name, m) for m in s.models])
-        # One model for every class, loaded at start and kept: the server as it always was.
+        # One model for every class, loaded at start and kept: the server as it always was,
+        # named after the file it loads (a link's target, as the loaded model is).
+        try:
+            name = resolve(s.model, s.models_dir, download=False).stem
+        except ModelNotFound:
+            name = file_stem(s.model)
         spec = ModelSpec.model_construct(
-            name=file_stem(s.model).lower(), file=s.model, classes=[], aliases=[], n_ctx=None,
+            name=name.lower(), file=s.model, classes=[], aliases=[], n_ctx=None,
             n_parallel=None, n_gpu_layers=None, keep_alive_s=-1.0, pinned=True)
-        return cls([Entry(file_stem(s.model), spec, implicit=True)])
+        return cls([Entry(name, spec, implicit=True)])
 
     @property
     def names(self) -> list[str]:

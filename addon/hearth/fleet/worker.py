@@ -44,12 +44,13 @@ class Worker:
     meta: dict[str, Any] = field(default_factory=dict)  # that header (no arrays)
     path: Path | None = None  # the file, once it is on disk
     leases: int = 0
+    waiting: int = 0  # requests waiting for it to load: it is busy for the policy too
+    first_load: str | None = None  # how the load at start ended: ready | failed
     last_used: float = 0.0
     interactive_at: float | None = None
     keep_alive_s: float | None = None  # a request's keep_alive (Ollama's) overrides the spec's
     loads: int = 0
     unloads: int = 0
-    failed_at: float | None = None
     tasks: set[asyncio.Task] = field(default_factory=set)
 
     @property
@@ -66,6 +67,7 @@ class Worker:
         ka = self.keep_alive_s if self.keep_alive_s is not None else self.entry.spec.keep_alive_s
         st = self.rt.state
         return ModelView(self.name, self.bytes, loaded=st in ("ready", "unloading"),
-                         loading=st == "loading", pinned=self.entry.spec.pinned,
-                         keep_alive_s=None if ka < 0 else ka, last_used=self.last_used,
-                         busy=self.leases, interactive_at=self.interactive_at)
+                         loading=st == "loading", unloading=st == "unloading",
+                         pinned=self.entry.spec.pinned, keep_alive_s=None if ka < 0 else ka,
+                         last_used=self.last_used, busy=self.leases + self.waiting,
+                         interactive_at=self.interactive_at)

@@ -28,6 +28,7 @@ class ModelView:
     bytes: int
     loaded: bool = False
     loading: bool = False
+    unloading: bool = False  # still resident until its unload ends; never a victim twice
     pinned: bool = False
     keep_alive_s: float | None = 300.0  # None: never unloaded for idleness
     last_used: float = 0.0
@@ -56,7 +57,7 @@ class ResidencyPolicy:
         return sum(m.bytes for m in models if m.resident)
 
     def _protected(self, m: ModelView, rank: int, now: float) -> bool:
-        if m.pinned or m.busy or m.loading:
+        if m.pinned or m.busy or m.loading or m.unloading:
             return True
         recent = m.interactive_at is not None and now - m.interactive_at < \
             self.interactive_grace_s
@@ -93,5 +94,6 @@ class ResidencyPolicy:
     def expired(self, models: Iterable[ModelView], now: float) -> list[str]:
         """Idle models past their keep-alive."""
         return [m.name for m in models
-                if m.loaded and not m.pinned and not m.busy and m.keep_alive_s is not None
+                if m.loaded and not m.unloading and not m.pinned and not m.busy
+                and m.keep_alive_s is not None
                 and now - m.last_used >= m.keep_alive_s]
