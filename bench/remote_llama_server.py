@@ -4,8 +4,8 @@ test`` does not build), so it is not part of the test suite.
 
 It starts llama-server on SmolLM2 and a Hearth whose background class goes to it with the local
 model as fallback; sends a whole request, one to a class alias, and one over Ollama's streamed
-API; then stops llama-server and sends two more (the first fails with 502 naming the worker,
-the next goes to the fallback). Prints what each answered.
+API; then stops llama-server and sends two more (found down before it took them, both go to
+the local fallback). Prints what each answered.
 
 Usage: python bench/remote_llama_server.py
 """

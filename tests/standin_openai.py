@@ -99,7 +99,7 @@ class StandIn:
         return self
 
     def stop(self) -> None:
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():  # twice is fine
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(10)

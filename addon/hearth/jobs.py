@@ -302,8 +302,8 @@ class JobRunner:
                     # a durable job waits its turn. A remote worker that went away mid-run:
                     # the next try goes to its fallback, a few times at most (a request that
                     # fails a worker every time is the request's fault). Its result lands once.
-                    lost += e.code == "worker_unreachable"
-                    if (e.status != 429 and e.code not in ("model_not_ready",
+                    lost += e.code in ("worker_unreachable", "worker_down")
+                    if (e.status != 429 and e.code not in ("model_not_ready", "worker_down",
                                                            "worker_unreachable")) \
                             or lost > MAX_LOST_RUNS:
                         raise

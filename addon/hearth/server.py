@@ -29,7 +29,7 @@ from .api.http import (
     request_user,
     serve_completion,
 )
-from .api.names import listed, use_model
+from .api.names import listed, with_model
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
 from .completions import completion, embeddings, warm
 from .fleet.fleet import Fleet
@@ -88,18 +88,19 @@ async def models(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ready(request)
-    body = await read_body(request, ChatCompletionRequest)
-    async with use_model(request, body.model, body.priority, "chat") as (rt, rank):
-        return await openai_answer(request, completion(
-            rt, body, rank, request_user(request, body.user)))
+    return await _complete(request, await read_body(request, ChatCompletionRequest))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     ready(request)
-    body = await read_body(request, CompletionRequest)
-    async with use_model(request, body.model, body.priority, "chat") as (rt, rank):
-        return await openai_answer(request, completion(
-            rt, body, rank, request_user(request, body.user)))
+    return await _complete(request, await read_body(request, CompletionRequest))
+
+
+async def _complete(request: web.Request, body: ChatCompletionRequest | CompletionRequest
+                    ) -> web.StreamResponse:
+    user = request_user(request, body.user)
+    return await with_model(request, body.model, body.priority, "chat", lambda rt, rank:
+                            openai_answer(request, completion(rt, body, rank, user)))
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -115,9 +116,10 @@ def openai_answer(request: web.Request, comp: Any) -> Awaitable[web.StreamRespon
 async def embeddings_handler(request: web.Request) -> web.Response:
     ready(request)
     body = await read_body(request, EmbeddingRequest)
-    async with use_model(request, body.model, body.priority, "embedding") as (rt, rank):
-        return web.json_response(await embeddings(rt, body.input, rank,
-                                                  request_user(request, body.user)))
+    user = request_user(request, body.user)
+    return web.json_response(await with_model(
+        request, body.model, body.priority, "embedding",
+        lambda rt, rank: embeddings(rt, body.input, rank, user)))
 
 
 # -- Hearth API --------------------------------------------------------------------------------
@@ -125,8 +127,8 @@ async def warm_cache(request: web.Request) -> web.Response:
     """Cache a chat prompt for the class that will use it (voice unless named)."""
     ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    async with use_model(request, body.model, body.priority, "voice") as (rt, rank):
-        return web.json_response(await warm(rt, body, rank))
+    return web.json_response(await with_model(request, body.model, body.priority, "voice",
+                                              lambda rt, rank: warm(rt, body, rank)))
 
 
 async def queue(request: web.Request) -> web.Response:

@@ -138,6 +138,29 @@ def test_a_saturated_remote_sends_the_overflow_to_the_fallback(healthy, standin)
     assert status == 200 and answer["model"] == "local"
 
 
+def test_a_remote_found_down_before_it_took_the_request_sends_it_to_the_fallback(tmp_path):
+    """No connection at all (the box is off): the request has not reached it, so it goes to
+    the fallback at once, streamed or whole, instead of a 502."""
+    with StandIn("big-model") as box:
+        models = [{"name": "local", "classes": ["voice", "chat"], "pinned": True},
+                  {"name": "box", "url": box.url, "kind": "vllm", "classes": ["background"],
+                   "fallback": "local"}]
+        with HearthServer(*POOL, "--models", json.dumps(models), data_dir=tmp_path) as front:
+            wait_state(front, "box", "ready")
+            box.stop()  # before the next health check notices
+            status, whole = chat(front, "background")
+            assert status == 200 and whole["model"] == "local", whole
+            req = urllib.request.Request(front.url + "/v1/chat/completions", data=json.dumps({
+                "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                "stream": True, "priority": "background"}).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                events = [x[5:].strip() for x in r.read().splitlines() if x.startswith(b"data:")]
+            assert events[-1] == b"[DONE]"
+            assert json.loads(events[0])["model"] == "local"
+            assert worker(front, "box")["state"] == "unreachable"
+
+
 def test_a_job_survives_its_remote_hearth_dying_and_routing_returns(tmp_path):
     port = free_port()
     remote = HearthServer(*POOL, data_dir=tmp_path / "remote", port=port).start()

@@ -172,6 +172,8 @@ async def serve_completion(
     ``frames``. A client that leaves mid-stream cancels the request and frees its sequence."""
     comp.submit()
     try:
+        if stream and hasattr(comp, "start"):  # a remote worker: its status before ours
+            await comp.start()
         if not stream:
             return web.json_response(whole(await comp.result()))
         resp = web.StreamResponse(headers={"Content-Type": content_type,

@@ -11,15 +11,18 @@ name at all leave the model to the class's default (see :mod:`hearth.fleet.regis
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
+from ..completions import CompletionError
 from ..fleet.registry import UnknownModel
 from ..runtime import Runtime
 from ..scheduler import RANK_NAMES
 from .http import FLEET, ApiError, request_class
+
+T = TypeVar("T")
 
 
 def resolve(request: web.Request, name: str | None, *, ollama: bool = False
@@ -50,6 +53,23 @@ async def use_model(request: web.Request, name: str | None, priority: str | int 
     model = model or fleet.registry.for_class(RANK_NAMES[rank])
     async with fleet.use(model, rank, keep_alive_s) as rt:
         yield rt, rank
+
+
+async def with_model(request: web.Request, name: str | None, priority: str | int | None,
+                     default_class: str, run: Callable[[Runtime, int], Awaitable[T]], *,
+                     ollama: bool = False, keep_alive_s: float | None = None) -> T:
+    """``run(model, rank)`` on the request's model; when that is a remote worker found down
+    before it took anything of the request (no connection, or 503), once more: by then the
+    fleet sends it to the worker's fallback."""
+    for retry in (True, False):
+        try:
+            async with use_model(request, name, priority, default_class, ollama=ollama,
+                                 keep_alive_s=keep_alive_s) as (rt, rank):
+                return await run(rt, rank)
+        except CompletionError as e:
+            if e.code != "worker_down" or not retry:
+                raise
+    raise AssertionError("not reached")
 
 
 def listed(request: web.Request) -> list[tuple[Any, list[str]]]:

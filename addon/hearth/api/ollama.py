@@ -19,7 +19,7 @@ from ..completions import CompletionError, completion, embedding_inputs, embeddi
 from ..fleet.gguf import FILE_TYPES
 from . import ollama_convert as convert
 from .http import FLEET, ApiError, read_body, ready, request_user, serve_completion
-from .names import listed, resolve, use_model
+from .names import listed, resolve, use_model, with_model
 from .ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
 
 log = logging.getLogger(__name__)
@@ -214,12 +214,11 @@ async def _load_only(request: web.Request, body: ChatBody | GenerateBody, chat: 
 
 async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any, chat: bool
                  ) -> web.StreamResponse:
-    async with use_model(request, body.model, body.priority, "chat", ollama=True,
-                         keep_alive_s=convert.keep_alive_seconds(body.keep_alive)
-                         ) as (rt, rank):
+    user = request_user(request, body.user, by_address=True)
+
+    async def run(rt: Any, rank: int) -> web.StreamResponse:
         try:
-            comp = completion(rt, inner, rank, request_user(request, body.user,
-                                                            by_address=True))
+            comp = completion(rt, inner, rank, user)
         except CompletionError as e:
             raise convert.renamed(e) from e
         out = _Shaper(body.model, chat, raw=not comp.chat)
@@ -230,6 +229,9 @@ async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any
                     yield json.dumps(line).encode() + b"\n"
 
         return await serve_completion(request, comp, body.stream, NDJSON, ndjson, out.whole)
+
+    return await with_model(request, body.model, body.priority, "chat", run, ollama=True,
+                            keep_alive_s=convert.keep_alive_seconds(body.keep_alive))
 
 
 class _Shaper:
@@ -323,9 +325,9 @@ async def _embed(request: web.Request, body: EmbedBody | LegacyEmbedBody, texts:
                  truncate: bool) -> dict[str, Any]:
     if any(not t for t in texts):
         raise ApiError(400, "an input is empty", "invalid_value", "input")
-    async with use_model(request, body.model, body.priority, "embedding", ollama=True,
-                         keep_alive_s=convert.keep_alive_seconds(body.keep_alive)
-                         ) as (rt, rank):
+    user = request_user(request, body.user, by_address=True)
+
+    async def run(rt: Any, rank: int) -> dict[str, Any]:
         inputs: list[Any] = list(texts)  # a remote worker tokenizes for itself
         if not getattr(rt, "remote", False):
             inputs = embedding_inputs(rt, texts)
@@ -333,12 +335,14 @@ async def _embed(request: web.Request, body: EmbedBody | LegacyEmbedBody, texts:
                 limit, _ = rt.backend.embed_limits()
                 inputs = [x[:limit] for x in inputs]
         try:
-            return await embeddings(rt, inputs, rank,
-                                    request_user(request, body.user, by_address=True))
+            return await embeddings(rt, inputs, rank, user)
         except CompletionError as e:
             if e.code == "context_length_exceeded":
                 e.message = f"the input length exceeds the context length: {e.message}"
             raise
+
+    return await with_model(request, body.model, body.priority, "embedding", run, ollama=True,
+                            keep_alive_s=convert.keep_alive_seconds(body.keep_alive))
 
 
 def _shortened(vector: list[float], n: int) -> list[float]:

@@ -154,22 +154,30 @@ class RemoteWorker:
             async with self.session().post(self.url + path, json=payload,
                                            timeout=timeout) as r:
                 data = await _json(r)
-                if r.status >= 500:
-                    raise _Gone(f"answered {r.status}: {_message(data)}")
-                if r.status >= 400:
-                    raise CompletionError(r.status, f"worker {self.name}: {_message(data)}",
-                                          "worker_refused")
+                self.check_status(r, data)
                 return data
+        except aiohttp.ClientConnectorError as e:
+            raise self._failed(e, down=True) from e
         except (aiohttp.ClientError, TimeoutError, _Gone) as e:
-            raise self._failed(e) from e
+            raise self._failed(e, down=isinstance(e, _Gone) and e.status == 503) from e
 
-    def _failed(self, e: BaseException) -> CompletionError:
+    def check_status(self, r: aiohttp.ClientResponse, data: Any) -> None:
+        if r.status >= 500:
+            raise _Gone(r.status, f"answered {r.status}: {_message(data)}")
+        if r.status >= 400:
+            raise CompletionError(r.status, f"worker {self.name}: {_message(data)}",
+                                  "worker_refused")
+
+    def _failed(self, e: BaseException, down: bool = False) -> CompletionError:
+        """The worker is left out for a while. ``down``: it took nothing of the request (no
+        connection, or 503), so the request may go to the fallback at once."""
         why = str(e) or type(e).__name__
         if isinstance(e, TimeoutError):
             why = f"no answer within {self.spec.timeout_s:g} s"
         self.failed_at = time.monotonic()
         self.unreachable(why)
-        return CompletionError(502, f"worker {self.name} failed: {why}", "worker_unreachable",
+        return CompletionError(502, f"worker {self.name} failed: {why}",
+                               "worker_down" if down else "worker_unreachable",
                                retry_after=HEALTH_S)
 
     def completion(self, body: Any, rank: int, user: str | None) -> RemoteCompletion:
@@ -223,39 +231,59 @@ class RemoteCompletion:
         data = await self.worker.post(self.path, {**self.payload, "stream": False})
         return {**data, "model": self.worker.name}
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def start(self) -> None:
+        """A stream's request goes out, and the remote's status is read, before the client is
+        answered: a worker that is down is an error status (and a retry on its fallback), not
+        an error in a stream that already said 200."""
         w = self.worker
         timeout = aiohttp.ClientTimeout(total=w.spec.timeout_s)
         try:
-            async with w.session().post(w.url + self.path, json={**self.payload, "stream": True},
-                                        timeout=timeout) as r:
-                self._response = r
-                if r.status >= 400:
-                    data = await _json(r)
-                    if r.status >= 500:
-                        raise _Gone(f"answered {r.status}: {_message(data)}")
-                    yield {"error": {"message": f"worker {w.name}: {_message(data)}",
-                                     "type": "invalid_request_error", "code": "worker_refused"}}
+            r = await w.session().post(w.url + self.path, json={**self.payload, "stream": True},
+                                       timeout=timeout)
+        except aiohttp.ClientConnectorError as e:
+            raise w._failed(e, down=True) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise w._failed(e) from e
+        if r.status >= 400:
+            data = await _json(r)
+            r.release()
+            try:
+                w.check_status(r, data)
+            except _Gone as e:
+                raise w._failed(e, down=e.status == 503) from e
+        self._response = r
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        if self._response is None:
+            await self.start()
+        r = self._response
+        assert r is not None
+        try:
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
                     return
-                async for raw in r.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        return
-                    chunk = json.loads(data)
-                    if "model" in chunk:
-                        chunk["model"] = w.name
-                    yield chunk
-        except (aiohttp.ClientError, TimeoutError, _Gone, ValueError) as e:
-            err = w._failed(e)
+                chunk = json.loads(data)
+                if "model" in chunk:
+                    chunk["model"] = self.worker.name
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            err = self.worker._failed(e)
             yield {"error": {"message": err.message, "type": "server_error",
                              "code": err.code}}
+        finally:
+            r.release()
 
 
 class _Gone(Exception):
     """The remote answered with a server error: treated as unreachable."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 async def _json(r: aiohttp.ClientResponse) -> Any:
