@@ -63,7 +63,6 @@ class Runtime:
         self.backends: list[str] = []  # llama.cpp backends in use, once loaded
         self.model_path: Path | None = None
         self._thread: threading.Thread | None = None
-        self.job_counts: dict[str, int] | None = None  # refreshed by /metrics
         self.stats = Stats()  # exists before the engine, so observers can subscribe early
         self.exit_code = 0  # the process's, once the server stops
         self.settled = threading.Event()  # set once loading ended, ready or failed

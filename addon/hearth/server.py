@@ -56,9 +56,8 @@ async def health(request: web.Request) -> web.Response:
         body["backends"] = sorted({b for w in fleet.loaded() for b in w.rt.backends})
     if fleet.error:
         body["error"] = fleet.error
-    for w in fleet.workers.values():
-        if w.rt.engine is not None and w.rt.engine.error is not None:
-            body["error"] = f"engine stopped: {w.rt.engine.error}"
+    if (died := fleet.engine_error) is not None:
+        body["error"] = f"engine stopped: {died}"
     if len(fleet.workers) > 1:
         body["models"] = {w.name: w.rt.state for w in fleet.workers.values()}
     return web.json_response(body, status=200 if state == "ready" else 503)
@@ -70,11 +69,12 @@ async def models(request: web.Request) -> web.Response:
     data = []
     for w, names in listed(request):
         rt = w.rt
-        meta: dict[str, Any] = {"state": rt.state, "memory_bytes": w.bytes,
-                                "n_ctx": rt.settings.n_ctx}
+        meta: dict[str, Any] = {"state": rt.state}
         if w.remote:
-            meta = {"state": rt.state, "url": rt.url, "kind": w.entry.spec.kind}
-        elif rt.state == "ready":
+            meta.update(url=rt.url, kind=w.entry.spec.kind)
+        else:
+            meta.update(memory_bytes=w.bytes, n_ctx=rt.settings.n_ctx)
+        if rt.state == "ready" and not w.remote:
             meta.update(description=rt.model.description, n_ctx=rt.backend.n_ctx,
                         n_ctx_seq=rt.backend.n_ctx_seq, file=rt.model_path.name)
         data.append({"id": names[0], "object": "model", "created": 0, "owned_by": "hearth",

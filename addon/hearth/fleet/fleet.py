@@ -26,7 +26,7 @@ from ..policy.arbitration import Arbitration
 from ..policy.residency import Plan, ResidencyPolicy
 from ..runtime import Runtime
 from ..scheduler import INTERACTIVE_RANK
-from ..settings import Settings
+from ..settings import CLASS_NAMES, Settings
 from .gguf import GGUFError, read_metadata, shape_of
 from .registry import Registry
 from .remote import RemoteWorker
@@ -65,7 +65,6 @@ class Fleet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
         self._sweeper: asyncio.Task | None = None
-        self.started = time.monotonic()
 
     # -- what the routes read ------------------------------------------------------------------
     @property
@@ -74,13 +73,20 @@ class Fleet:
         return self.workers[self.registry.for_class("voice")]
 
     @property
+    def engine_error(self) -> BaseException | None:
+        """Why an engine thread died, if one did (the process is stopping then)."""
+        for w in self.workers.values():
+            if w.rt.engine is not None and w.rt.engine.error is not None:
+                return w.rt.engine.error
+        return None
+
+    @property
     def state(self) -> str:
         """ready once every model loaded at start has loaded; failed if one of those first
         loads failed or any engine died. A model unloaded and loading again later (or failing
         to) is that model's business: its requests wait or get its error, the rest serve."""
-        for w in self.workers.values():
-            if w.rt.engine is not None and w.rt.engine.error is not None:
-                return "failed"
+        if self.engine_error is not None:
+            return "failed"
         first = [self.workers[n].first_load for n in self.start_models]
         if "failed" in first:
             return "failed"
@@ -106,10 +112,9 @@ class Fleet:
         models = {}
         for w in self.workers.values():
             v = w.view()
-            idle = now - w.last_used if w.last_used else None
-            expires = None
+            expires = None  # a load sets last_used, so a loaded model's idle time is known
             if v.loaded and not v.pinned and v.keep_alive_s is not None and not w.leases:
-                expires = max(0.0, v.keep_alive_s - (idle or now - self.started))
+                expires = max(0.0, v.keep_alive_s - (now - w.last_used))
             if w.remote:
                 spec = w.entry.spec
                 models[w.name] = {
@@ -134,8 +139,7 @@ class Fleet:
                            "resident_bytes": resident}}
 
     def _classes(self, w: Worker) -> list[str]:
-        return [c for c in ("voice", "chat", "agent", "background", "embedding")
-                if self.registry.for_class(c) == w.name]
+        return [c for c in CLASS_NAMES if self.registry.for_class(c) == w.name]
 
     def _paused(self, w: Worker) -> float:
         core = w.rt.core
@@ -271,7 +275,6 @@ class Fleet:
         while True:
             await asyncio.sleep(SWEEP_S)
             self._check_remotes()
-            self._wake()  # a remote that came back, a grace that ran out
             now = time.monotonic()
             views = [w.view() for w in self.workers.values()]
             for name in self.policy.expired(views, now):
@@ -313,15 +316,23 @@ class Fleet:
                 target = self.workers[target.entry.spec.fallback]
             if self._available(target):
                 return target
-            changed, left = self._changed, deadline - time.monotonic()
-            if left <= 0:
+            if not await self._await_change(deadline):
                 why = target.rt.error or ("saturated" if target.rt.state == "ready"
                                           else "not checked yet")
                 raise CompletionError(503, f"worker {target.name!r} cannot take the request "
                                       f"({why}); try again shortly", "model_not_ready",
                                       retry_after=5)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), min(left, SWEEP_S))
+
+    async def _await_change(self, deadline: float) -> bool:
+        """Wait for a load, unload or finished request, a second at most: a grace, a
+        keep-alive or a remote's cool-down running out changes the answer without an event.
+        False once ``deadline`` has passed."""
+        changed, left = self._changed, deadline - time.monotonic()
+        if left <= 0:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), min(left, SWEEP_S))
+        return True
 
     async def _acquire(self, w: Worker, rank: int) -> None:
         if w.remote:
@@ -354,16 +365,10 @@ class Fleet:
                 if plan.load:
                     self._begin_load(w, [self.workers[v] for v in plan.unload])
                     continue
-            changed = self._changed
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if not await self._await_change(deadline):
                 why = "waiting for memory" if st in ("unloaded", "failed") else st
                 raise CompletionError(503, f"model {w.name!r} is {why}; try again shortly",
                                       "model_not_ready", retry_after=5)
-            # Woken by any load, unload or finished request; and each second, since a grace
-            # or keep-alive running out changes the plan without an event.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), min(left, SWEEP_S))
 
     def expire(self, name: str) -> None:
         """Ollama's ``keep_alive: 0`` on an empty request: unloaded once idle, not loaded."""
