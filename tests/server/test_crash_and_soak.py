@@ -137,7 +137,7 @@ def test_soak_mixed_load(tmp_path):
         while time.monotonic() < deadline:
             _, q = srv.get("/v1/queue")
             if sum(q["running"].values()) == 0 and q["jobs"]["queued"] == 0 and \
-                    q["jobs"]["running"] == 0:
+                    q["jobs"]["running"] == 0 and q["kv"]["used_by_running"] == 0:
                 break
             time.sleep(1)
     report = {"minutes": SOAK_MINUTES, "requests": counts, "errors": errors[:50],

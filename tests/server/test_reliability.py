@@ -190,7 +190,10 @@ def test_forty_clients_dropping_mid_stream_leave_nothing_behind(server, api):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         _, q = server.get("/v1/queue")
-        if sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0:
+        # The counts are read live, the KV view as of the engine's last iteration: wait
+        # for both, so a request just removed is not read as cells left behind.
+        if sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0 \
+                and q["kv"]["used_by_running"] == 0:
             break
         time.sleep(0.25)
     assert sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0
