@@ -27,7 +27,8 @@ import numpy as np
 
 from hearth.backend import LlamaBackend
 from hearth.engine import Engine, EngineConfig, EngineCore
-from hearth.llama_adapter import ContextParams, Model, Sampler, init_backend
+from hearth.llama_adapter import ContextParams, Model, init_backend
+from hearth.llama_sampling import Sampler
 from hearth.models import packaged_model
 from hearth.prompts import ChatFormatter
 from hearth.requests import Request, SamplingParams

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .llama_adapter import Context, ContextParams, Model, Sampler, Utf8Decoder
-from .requests import SamplingParams
+from .llama_adapter import Context, ContextParams, Model
+from .llama_sampling import Sampler
+from .requests import SamplingParams, Utf8Decoder
 
 
 def l2_normalised(vector: Any) -> list[float]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .engine import AsyncStream, RequestError
-from .llama_adapter import check_grammar, json_schema_grammar
+from .llama_sampling import check_grammar, json_schema_grammar
 from .prompts import PromptError
 from .reasoning import ReasoningSplitter, markers_for, prompt_opens
 from .requests import Event, Request, SamplingParams

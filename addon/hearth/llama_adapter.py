@@ -1,4 +1,5 @@
-"""The one thin adapter over llama-cpp-python's low-level ctypes bindings.
+"""The one thin adapter over llama-cpp-python's low-level ctypes bindings: the model, its
+contexts and the backends (``llama_sampling`` holds the samplers and grammars).
 
 Nothing else in Hearth imports ``llama_cpp``. Everything here is owned by the engine thread,
 except :meth:`Context.request_abort`, which any thread may call.
@@ -17,8 +18,6 @@ from typing import Any
 
 import llama_cpp as L
 import numpy as np
-
-from .requests import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -375,104 +374,6 @@ class Context:
             self.ptr = None
 
 
-class Sampler:
-    """One llama.cpp sampler chain (a sequence's own RNG, penalties and grammar state)."""
-
-    def __init__(self, model: Model, p: SamplingParams):
-        cparams = L.llama_sampler_chain_default_params()
-        cparams.no_perf = True
-        self.model = model
-        self.grammar = None  # kept out of the chain: checked on the sampled token first
-        self.ptr = L.llama_sampler_chain_init(cparams)
-        add = lambda s: L.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
-        if p.grammar:
-            self.grammar = _grammar_sampler(model, p.grammar, p.grammar_trigger)
-            if not self.grammar:
-                self.grammar = None
-                self.close()  # before __del__ sees the pointer: a second free would crash
-                raise LlamaError("invalid grammar")
-        if p.repeat_penalty != 1.0:
-            add(L.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
-                                               0.0, 0.0))
-        if p.temperature <= 0:
-            add(L.llama_sampler_init_greedy())
-        else:
-            if p.top_k > 0:
-                add(L.llama_sampler_init_top_k(p.top_k))
-            if p.top_p < 1.0:
-                add(L.llama_sampler_init_top_p(p.top_p, 1))
-            if p.min_p > 0:
-                add(L.llama_sampler_init_min_p(p.min_p, 1))
-            add(L.llama_sampler_init_temp(p.temperature))
-            seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
-            add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, ctx: Context, i: int) -> int:
-        """Sample from output row ``i`` of the last decode; the chain accepts the token.
-
-        With a grammar, as llama.cpp's own common sampler does: sample without it, check only
-        the chosen token against the grammar, and apply the grammar to the whole vocabulary
-        only when that token is refused (a grammar over ~50k candidates costs ~4 ms a token
-        here, one candidate next to nothing)."""
-        if self.grammar is None:
-            return L.llama_sampler_sample(self.ptr, ctx.ptr, i)
-        candidates = self.model.candidates(L.llama_get_logits_ith(ctx.ptr, i))
-        L.llama_sampler_apply(self.ptr, ctypes.byref(candidates.array))
-        token = int(candidates.data[candidates.array.selected].id)
-        if not _grammar_allows(self.grammar, token):
-            candidates = self.model.candidates(L.llama_get_logits_ith(ctx.ptr, i))
-            L.llama_sampler_apply(self.grammar, ctypes.byref(candidates.array))
-            L.llama_sampler_apply(self.ptr, ctypes.byref(candidates.array))
-            token = int(candidates.data[candidates.array.selected].id)
-        L.llama_sampler_accept(self.grammar, token)
-        L.llama_sampler_accept(self.ptr, token)
-        return token
-
-    def accept(self, token: int) -> None:
-        """Feed a token the chain did not sample itself (resumed or forced history)."""
-        if self.grammar is not None:
-            L.llama_sampler_accept(self.grammar, token)
-        L.llama_sampler_accept(self.ptr, token)
-
-    def close(self) -> None:
-        if self.grammar:
-            L.llama_sampler_free(self.grammar)
-            self.grammar = None
-        if self.ptr:
-            L.llama_sampler_free(self.ptr)
-            self.ptr = None
-
-    __del__ = close
-
-
-class Utf8Decoder:
-    """Incremental detokenizer: joins token bytes and releases only complete UTF-8 text, holding
-    back a partial multi-byte character until its remaining bytes arrive."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> str:
-        buf = self._pending + data
-        cut = len(buf)
-        # Walk back over at most 3 continuation bytes to find an unfinished lead byte.
-        for back in range(1, min(4, len(buf)) + 1):
-            b = buf[-back]
-            if b & 0xC0 == 0x80:
-                continue
-            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 \
-                else 1
-            if need > back:
-                cut = len(buf) - back
-            break
-        self._pending = buf[cut:]
-        return buf[:cut].decode("utf-8", "replace")
-
-    def flush(self) -> str:
-        out, self._pending = self._pending.decode("utf-8", "replace"), b""
-        return out
-
-
 class Candidates:
     """A reusable llama_token_data_array over the whole vocabulary, filled from a logits row
     with numpy (the sampling thread is the only user)."""
@@ -493,46 +394,3 @@ class Candidates:
         self.array.data = self.data
         self.array.size, self.array.selected, self.array.sorted = self.n_vocab, -1, False
         return self
-
-
-def _grammar_allows(grammar: Any, token: int) -> bool:
-    """Whether the grammar, in its current state, lets ``token`` come next."""
-    one = (L.llama_token_data * 1)(L.llama_token_data(token, 0.0, 0.0))
-    arr = L.llama_token_data_array(one, 1, -1, False)
-    L.llama_sampler_apply(grammar, ctypes.byref(arr))
-    return one[0].logit != float("-inf")
-
-
-def _grammar_sampler(model: Model, gbnf: str, trigger: str | None = None) -> ctypes.c_void_p | None:
-    """llama.cpp's grammar sampler for ``gbnf`` (root rule ``root``), lazy if ``trigger`` (a
-    regex over the output so far) is given; NULL if it will not parse it."""
-    if trigger is None:
-        return L.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
-    patterns = (ctypes.c_char_p * 1)(trigger.encode())
-    return L.llama_sampler_init_grammar_lazy_patterns(model.vocab, gbnf.encode(), b"root",
-                                                      patterns, 1, None, 0)
-
-
-def check_grammar(model: Model, gbnf: str) -> None:
-    """Raise ValueError if llama.cpp will not parse ``gbnf``: the converter emits grammars
-    llama.cpp refuses, e.g. a maxLength past its repetition limit."""
-    g = _grammar_sampler(model, gbnf)
-    if not g:
-        raise ValueError("llama.cpp cannot use the grammar made from this schema (too many "
-                         "repetitions, e.g. a large maxLength or maxItems?)")
-    L.llama_sampler_free(g)
-
-
-def json_schema_grammar(schema: dict) -> str:
-    """A GBNF grammar (root rule ``root``) accepting JSON valid for ``schema``, from
-    llama-cpp-python's converter. Raises ValueError for schemas it cannot convert."""
-    import json
-
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
-    except Exception as e:  # the converter raises assorted types on bad schemas
-        raise ValueError(f"unsupported JSON schema: {e}") from e
-    # Strict JSON forbids raw control characters inside strings; this converter allows them.
-    return gbnf.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')

@@ -93,6 +93,34 @@ class StopMatcher:
         return out
 
 
+class Utf8Decoder:
+    """Incremental detokenizer: joins token bytes and releases only complete UTF-8 text, holding
+    back a partial multi-byte character until its remaining bytes arrive."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> str:
+        buf = self._pending + data
+        cut = len(buf)
+        # Walk back over at most 3 continuation bytes to find an unfinished lead byte.
+        for back in range(1, min(4, len(buf)) + 1):
+            b = buf[-back]
+            if b & 0xC0 == 0x80:
+                continue
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 \
+                else 1
+            if need > back:
+                cut = len(buf) - back
+            break
+        self._pending = buf[cut:]
+        return buf[:cut].decode("utf-8", "replace")
+
+    def flush(self) -> str:
+        out, self._pending = self._pending.decode("utf-8", "replace"), b""
+        return out
+
+
 @dataclass(eq=False)  # identity semantics: requests live in sets and lists
 class Request:
     """A generation or embedding request, and the engine's state for it."""

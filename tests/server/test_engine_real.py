@@ -313,7 +313,7 @@ def test_the_embedded_model_is_one_the_engine_can_share(model):
 
 def _greedy_json(model, sample_with) -> str:
     """40 greedy tokens of a JSON answer, sampled by ``sample_with(ctx, schema_grammar)``."""
-    from hearth.llama_adapter import json_schema_grammar
+    from hearth.llama_sampling import json_schema_grammar
 
     grammar = json_schema_grammar({"type": "object", "properties": {
         "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
@@ -345,7 +345,7 @@ def test_grammar_checked_on_the_sampled_token_gives_what_the_full_grammar_gives(
     yields the very tokens of the grammar applied to every candidate, greedy."""
     import llama_cpp as L
 
-    from hearth.llama_adapter import Sampler, _grammar_sampler
+    from hearth.llama_sampling import Sampler, _grammar_sampler
 
     def whole_vocabulary(ctx, grammar):
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -399,7 +399,7 @@ def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
     only an allowed entity, where the model left alone copies an unknown one."""
     import json as _json
 
-    from hearth.llama_adapter import Sampler, json_schema_grammar
+    from hearth.llama_sampling import Sampler, json_schema_grammar
     from hearth.tools import (
         LAZY_CALL_TRIGGER,
         parse_tool_calls,

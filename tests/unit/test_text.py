@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.llama_adapter import Utf8Decoder
+from hearth.requests import Utf8Decoder
 from hearth.requests import StopMatcher
 
 
