@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import pytest
 from hearth_server import HearthServer
@@ -85,6 +86,14 @@ def test_each_class_goes_to_its_model_and_both_answer(two):
     assert status == 200 and alias["model"] == "small"
     status, err = chat(two, "Hi", model="nobody")
     assert status == 404 and "small" in err["error"]["message"]
+
+    # Prometheus sees each model: both loaded now, nothing left waiting or running.
+    with urllib.request.urlopen(two.url + "/metrics") as r:
+        metrics = r.read().decode()
+    for name in ("small", "gemma"):
+        assert f'hearth_model_loaded{{model="{name}"}} 1.0' in metrics
+        assert f'hearth_model_requests_running{{model="{name}"}} 0.0' in metrics
+        assert f'hearth_model_requests_waiting{{model="{name}"}} 0.0' in metrics
 
 
 def test_an_idle_model_is_unloaded_after_its_keep_alive_and_reloaded_on_demand(two):
