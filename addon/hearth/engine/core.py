@@ -1,6 +1,6 @@
 """One iteration of the engine over its backend: submission, batch composition, decoding,
 sampling and retiring. Admission and KV live in :mod:`.admission`, embeddings in
-:mod:`.embeddings`."""
+:mod:`.embeddings`, what other threads may read of it in :mod:`.view`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from ..kvcache import KVPool
 from ..requests import Event, Request, StopMatcher
-from ..scheduler import CLASS_RANKS, INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
+from ..scheduler import INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admission
 from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig, RequestError
@@ -19,11 +19,12 @@ from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embeddings
 from .persistence import Persistence
+from .view import View
 
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Embeddings, Compaction, Persistence):
+class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -411,41 +412,3 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence):
             self.b.free_sampler(r.sampler)
             r.sampler = None
         self.policy.user_left(r.user)
-
-    # -- introspection ----------------------------------------------------------------------
-    def queue_state(self) -> dict[str, Any]:
-        """Counts for /v1/queue and /metrics, from any thread (take ``lock`` for a view
-        consistent with the inbox)."""
-        waiting = dict.fromkeys(CLASS_RANKS, 0)
-        running = dict.fromkeys(CLASS_RANKS, 0)
-        # Copies: the engine thread mutates these lists without the lock.
-        for r in list(self.waiting) + list(self.embed_waiting):
-            waiting[r.cls] += 1
-        for _, x in list(self._inbox):
-            if isinstance(x, Request):
-                waiting[x.cls] += 1
-        for r in list(self.running):
-            running[r.cls] += 1
-        return {"waiting": waiting, "running": running, **self.pool_view}
-
-    def _publish(self) -> None:
-        """What other threads may read of the KV pool, the cost model and the counters: made
-        by the engine thread after each iteration and swapped in whole, so readers never
-        iterate structures the engine is changing."""
-        pool = self.pool
-        prefix = pool.stats(self.b.now())
-        used = pool.running_cells + prefix["cached_cells"]
-        self.pool_view = {
-            "kv": {"cells": pool.n_ctx, "used": used,
-                   "used_by_running": pool.running_cells,
-                   "used_by_prefix_cache": prefix["cached_cells"],
-                   "reserved": pool.reserved_cells,
-                   "use": round(used / pool.n_ctx, 4)},
-            "prefix_cache": {**prefix, "store": self.store.stats() if self.store else None},
-            "cost_model": {"decode_ms": round(1000 * self.cost.predict(1), 3),
-                           "full_batch_ms": round(1000 * self.cost.predict(self.b.n_batch), 1),
-                           "by_batch_size": self.cost.view()},
-            "vtc": dict(self.policy.vtc),
-        }
-
-
