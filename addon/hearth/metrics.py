@@ -135,18 +135,17 @@ def _models(fleet: Any):
                                "(weights + KV + compute, from its GGUF header)", labels=["model"])
     loads = CounterMetricFamily("hearth_model_loads", "Times a model was loaded",
                                 labels=["model"])
-    # The class gauges above are the voice model's; these show where each model's work stands.
+    # The per-class gauges are the voice model's; these show where each model's work stands.
     waiting = GaugeMetricFamily("hearth_model_requests_waiting", "Requests waiting on a model "
                                 "(on a remote: in its own queue, where it tells)",
                                 labels=["model"])
     running = GaugeMetricFamily("hearth_model_requests_running", "Sequences running on a "
                                 "model (on a remote: requests in flight)", labels=["model"])
-    report = fleet.report()["models"]
     for w in fleet.workers.values():
         loaded.add_metric([w.name], 1.0 if w.rt.state == "ready" else 0.0)
         memory.add_metric([w.name], w.bytes)
         loads.add_metric([w.name], w.loads)
-        depth = report[w.name]
+        depth = fleet.queue_depth(w)
         if depth["waiting"] is not None:
             waiting.add_metric([w.name], depth["waiting"])
         running.add_metric([w.name], depth["running"])

@@ -122,7 +122,7 @@ class Fleet:
                     "kind": spec.kind, "fallback": spec.fallback or None,
                     "classes": self._classes(w), "aliases": list(spec.aliases),
                     "in_use": w.leases, "max_concurrency": spec.max_concurrency,
-                    "waiting": w.rt.remote_waiting, "running": w.leases}
+                    **self.queue_depth(w)}
                 continue
             models[w.name] = {
                 "state": w.rt.state, "error": w.rt.error, "pinned": v.pinned,
@@ -132,7 +132,7 @@ class Fleet:
                 "progress": w.rt.progress, "loads": w.loads, "unloads": w.unloads,
                 "last_load_s": w.rt.load_s,
                 "paused_for_others_s": self._paused(w),
-                **self._queue_depth(w)}
+                **self.queue_depth(w)}
         resident = self.policy.used(w.view() for w in self.workers.values())
         return {"models": models,
                 "memory": {"budget_bytes": min(self.policy.budget_bytes, 2**53),
@@ -148,7 +148,11 @@ class Fleet:
         return round(self.arbiter.paused_s.get(id(core), 0.0), 3)
 
     @staticmethod
-    def _queue_depth(w: Worker) -> dict[str, int]:
+    def queue_depth(w: Worker) -> dict[str, int | None]:
+        """Requests waiting and running on a model; on a remote, its own queue (None where it
+        does not tell) and the requests in flight there."""
+        if w.remote:
+            return {"waiting": w.rt.remote_waiting, "running": w.leases}
         core = w.rt.core
         if core is None or w.rt.state != "ready":
             return {"waiting": 0, "running": 0}
