@@ -9,6 +9,7 @@ import heapq
 import json
 
 from hearth.engine import EngineConfig, EngineCore
+from hearth.engine.base import SampleAfterDecode
 from hearth.requests import Request, SamplingParams
 from hearth.scheduler import PolicyConfig, class_rank
 
@@ -28,7 +29,7 @@ class _Decoder:
         return ""
 
 
-class SimBackend:
+class SimBackend(SampleAfterDecode):
     def __init__(self, n_ctx: int = 32768, n_seq_max: int = 16, n_batch: int = 512,
                  n_ubatch: int = 128, base: float = 0.004, per_token: float = 0.002,
                  n_ctx_seq: int | None = None):

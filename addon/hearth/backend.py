@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .engine.base import SampleAfterDecode
 from .llama_adapter import Context, ContextParams, Model
 from .llama_sampling import Sampler
 from .requests import SamplingParams, Utf8Decoder
@@ -17,11 +18,11 @@ def l2_normalised(vector: Any) -> list[float]:
     return [x / norm for x in vector]
 
 
-class LlamaBackend:
+class LlamaBackend(SampleAfterDecode):
     def __init__(self, model: Model, params: ContextParams, embed_model: Model | None = None,
-                 embed_batch: int = 2048, embed_inputs: int = 32):
+                 embed_batch: int = 2048, embed_inputs: int = 32, abort_flag: Any = None):
         self.model = model
-        self.ctx = Context(model, params)
+        self.ctx = Context(model, params, abort_flag)
         self.n_ctx = self.ctx.n_ctx
         # A unified pool lets one sequence use the whole cache; keep it within what the model
         # was trained for.

@@ -4,6 +4,7 @@ stream chunks. Used by the HTTP handlers and by durable jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -12,11 +13,18 @@ from typing import Any
 
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .engine import AsyncStream, RequestError
-from .llama_sampling import check_grammar, json_schema_grammar
+from .llama_sampling import json_schema_grammar
 from .prompts import PromptError
 from .reasoning import ReasoningSplitter, markers_for, prompt_opens
 from .requests import Event, Request, SamplingParams
-from .scheduler import BACKGROUND_RANK, RANK_NAMES, VOICE_RANK
+from .scheduler import VOICE_RANK
+from .schema_limits import (
+    SchemaTooLarge,
+    check_argument_values,
+    check_grammar_size,
+    check_schema,
+    check_tools,
+)
 from .tools import (
     LAZY_CALL_TRIGGER,
     ToolStream,
@@ -51,6 +59,34 @@ class CompletionError(Exception):
         self.retry_after = retry_after
 
 
+RESPONSE_SCHEMA = "response_format.json_schema.schema"
+_LIMIT_CODES = {"response_format": "invalid_response_format", "tools": "invalid_tools"}
+
+
+def too_large(e: SchemaTooLarge) -> CompletionError:
+    """The 400 for a value past one of :mod:`.schema_limits`' bounds, naming it."""
+    return CompletionError(400, str(e), _LIMIT_CODES.get(e.field.split(".")[0], "invalid_value"),
+                           e.field)
+
+
+def check_limits(body: ChatCompletionRequest) -> None:
+    """Refuse (400, naming the value) a response_format schema, tools' parameters (whatever
+    the tool_choice) or tool_argument_values past :mod:`.schema_limits`' bounds, before any of
+    it is converted to a grammar or reaches llama.cpp."""
+    try:
+        if body.tools:
+            check_tools([t.function.parameters for t in body.tools])
+        check_argument_values(body.tool_argument_values,
+                              [t.function.name for t in body.tools or []])
+        fmt = body.response_format
+        if fmt is not None and fmt.type == "json_schema":
+            schema = (fmt.json_schema or {}).get("schema")
+            if isinstance(schema, dict):
+                check_schema(schema, RESPONSE_SCHEMA)
+    except SchemaTooLarge as e:
+        raise too_large(e) from e
+
+
 def sampling_of(body: SamplingFields, grammar: str | None = None,
                 trigger: str | None = None) -> SamplingParams:
     p = SamplingParams(grammar=grammar, grammar_trigger=trigger)
@@ -79,7 +115,8 @@ class Completion:
     """One chat or text completion in flight."""
 
     def __init__(self, rt: Any, body: ChatCompletionRequest | CompletionRequest, rank: int,
-                 user: str | None = None, keep_rank: int | None = None):
+                 user: str | None = None, keep_rank: int | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None):
         self.rt = rt
         self.body = body
         self.rank = rank
@@ -101,7 +138,7 @@ class Completion:
         else:
             tokens = self._text_prompt(body)  # type: ignore[arg-type]
             max_tokens = body.max_tokens or 16
-        self.stream = AsyncStream()
+        self.stream = AsyncStream(loop)
         self.request = Request(
             prompt=tokens, rank=rank, sink=self.stream,
             user=user or body.user or "anonymous", max_tokens=max_tokens, stop=body.stops(),
@@ -110,6 +147,7 @@ class Completion:
 
     # -- building --------------------------------------------------------------------------
     def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
+        check_limits(body)
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         choice = body.tool_choice
         if choice == "none":
@@ -133,6 +171,8 @@ class Completion:
                 self.forced_call = True
                 try:
                     schema_grammar = self._schema_grammar(tool_call_schema(call_tools, only))
+                except SchemaTooLarge as e:
+                    raise too_large(e) from e
                 except ValueError as e:
                     raise CompletionError(400, f"invalid tool parameters schema: {e}",
                                           "invalid_tools", "tools") from e
@@ -153,7 +193,9 @@ class Completion:
                                            "schema object", "invalid_response_format",
                                       "response_format")
             try:
-                grammar = self._schema_grammar(schema)
+                grammar = self._schema_grammar(schema, RESPONSE_SCHEMA)
+            except SchemaTooLarge as e:
+                raise too_large(e) from e
             except ValueError as e:
                 raise CompletionError(400, str(e), "invalid_response_format",
                                       "response_format") from e
@@ -162,20 +204,28 @@ class Completion:
     def _lazy_call_grammar(self, tools: list[dict]) -> str | None:
         """Calls of these tools, held only once the model opens one. A schema llama.cpp
         cannot take leaves the calls free: under "auto" the grammar is a help, not a
-        promise."""
+        promise. One past Hearth's limits is a 400 all the same."""
         try:
             body = self._schema_grammar(tool_call_schema(tools))
+        except SchemaTooLarge as e:
+            raise too_large(e) from e
         except ValueError as e:
             log.info("tool calls left unconstrained: %s", e)
             return None
         self.trigger = LAZY_CALL_TRIGGER
         return wrap_grammar(body, "<tool_call>", "</tool_call>", repeat=True)
 
-    def _schema_grammar(self, schema: dict) -> str:
+    def _schema_grammar(self, schema: dict, field: str | None = None) -> str:
         """GBNF for ``schema``, tried on llama.cpp now: one it refuses is this request's 400,
-        not a failure inside the engine loop."""
+        not a failure inside the engine loop. ``field`` names a schema as the request sent it,
+        checked against :mod:`.schema_limits` first; None for a tool call's, made from tools
+        and argument values :func:`check_limits` checked. Either way the grammar's own size
+        and nesting are checked before llama.cpp parses it (SchemaTooLarge)."""
+        if field is not None:
+            check_schema(schema, field)
         gbnf = json_schema_grammar(schema)
-        check_grammar(self.rt.model, gbnf)
+        check_grammar_size(gbnf, field or "tools")
+        self.rt.model.check_grammar(gbnf)  # in the worker: a crash there is its own
         return gbnf
 
     def _render(self, body: ChatCompletionRequest, tools: list[dict] | None,
@@ -231,7 +281,7 @@ class Completion:
                 parts.append(self._content(ev))
             elif ev.kind == "error":
                 raise CompletionError(ev.status, ev.message or "generation failed",
-                                      "generation_failed")
+                                      ev.code or "generation_failed", retry_after=ev.retry_after)
             else:
                 done = ev
         assert done is not None
@@ -281,7 +331,7 @@ class Completion:
                     yield self._chunk({"content": text} if self.chat else text, None)
             elif ev.kind == "error":
                 yield {"error": {"message": ev.message, "type": "server_error",
-                                 "code": "generation_failed"}}
+                                 "code": ev.code or "generation_failed"}}
             else:
                 finish = ev.finish_reason
                 if self.tools:
@@ -300,81 +350,3 @@ class Completion:
                     usage["usage"] = usage_of(ev.usage)
                     usage["hearth"] = ev.timing
                     yield usage
-
-
-def completion(target: Any, body: ChatCompletionRequest | CompletionRequest, rank: int,
-               user: str | None = None) -> Any:
-    """A completion on a local model, or on a remote worker (the same interface)."""
-    if getattr(target, "remote", False):
-        return target.completion(body, rank, user)
-    return Completion(target, body, rank, user)
-
-
-async def warm(rt: Any, body: ChatCompletionRequest, keep_rank: int) -> dict[str, Any]:
-    """Compute and cache a chat prompt (as a request of class ``keep_rank`` would render it)
-    without answering it: the next turn that starts the same way finds it cached. It runs as
-    background work, so it never delays anyone, and is kept for ``keep_rank``."""
-    if getattr(rt, "remote", False):
-        return await rt.warm(body, keep_rank)
-    body = body.model_copy(update={"max_tokens": 1, "max_completion_tokens": None,
-                                   "stream": False, "temperature": 0.0,
-                                   "response_format": None})
-    comp = Completion(rt, body, BACKGROUND_RANK, keep_rank=keep_rank)
-    comp.request.warm_up = True
-    t0 = time.monotonic()
-    comp.submit()
-    try:
-        usage = (await comp.result())["usage"]
-    finally:
-        comp.cancel()
-    cached = usage["prompt_tokens_details"]["cached_tokens"]
-    return {"object": "cache.warm", "model": rt.model_id, "class": RANK_NAMES[keep_rank],
-            "prompt_tokens": usage["prompt_tokens"], "cached_tokens": cached,
-            "computed_tokens": usage["prompt_tokens"] - cached,
-            "seconds": round(time.monotonic() - t0, 3)}
-
-
-def embedding_inputs(rt: Any, raw: Any) -> list[list[int]]:
-    """OpenAI ``input``: a string, strings, a token list, or token lists."""
-    if isinstance(raw, str):
-        raw = [raw]
-    if not raw:
-        raise CompletionError(400, "input must not be empty", "invalid_value", "input")
-    if all(isinstance(x, int) for x in raw):
-        inputs = [list(raw)]
-    elif all(isinstance(x, list) for x in raw):
-        inputs = [list(x) for x in raw]
-    else:
-        inputs = [rt.model.tokenize(x, add_special=True, parse_special=False) for x in raw]
-    if len(inputs) > 2048:
-        raise CompletionError(400, "at most 2048 inputs per request", "invalid_value", "input")
-    if any(not x for x in inputs):
-        raise CompletionError(400, "an input is empty", "invalid_value", "input")
-    vocab = rt.model.n_vocab
-    if any(not 0 <= t < vocab for x in inputs for t in x):
-        raise CompletionError(400, "a token id is outside the vocabulary", "invalid_value",
-                              "input")
-    return inputs
-
-
-async def embeddings(rt: Any, raw: Any, rank: int, user: str | None) -> dict[str, Any]:
-    if getattr(rt, "remote", False):
-        return await rt.embeddings(raw, rank, user)
-    inputs = embedding_inputs(rt, raw)
-    stream = AsyncStream()
-    r = Request(prompt=inputs, rank=rank, sink=stream, user=user or "anonymous", kind="embed")
-    try:
-        rt.engine.submit(r)
-    except RequestError as e:
-        raise CompletionError(e.status, str(e), e.code, "input", e.retry_after) from e
-    async for ev in stream.events():
-        if ev.kind == "error":
-            raise CompletionError(ev.status, ev.message or "embedding failed",
-                                  "embedding_failed")
-        if ev.kind == "done":
-            data = [{"object": "embedding", "index": i, "embedding": v}
-                    for i, v in enumerate(ev.embedding or [])]
-            n = sum(len(x) for x in inputs)
-            return {"object": "list", "data": data, "model": rt.model_id,
-                    "usage": {"prompt_tokens": n, "total_tokens": n}, "hearth": ev.timing}
-    raise CompletionError(500, "embedding ended without a result", "embedding_failed")

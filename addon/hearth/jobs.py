@@ -22,8 +22,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api_models import ChatCompletionRequest, EmbeddingRequest
-from .completions import CompletionError, completion, embeddings
+from .completions import CompletionError, check_limits
 from .scheduler import class_rank
+from .serving import completion, embeddings
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,9 @@ class JobStore:
 
 
 MAX_LOST_RUNS = 3
+# Errors after which a durable job waits its turn and runs again.
+RETRIED = ("model_not_ready", "worker_down", "worker_unreachable", "worker_crashed",
+           "worker_restarting")
 
 
 class JobRunner:
@@ -302,10 +306,10 @@ class JobRunner:
                     # a durable job waits its turn. A remote worker that went away mid-run:
                     # the next try goes to its fallback, a few times at most (a request that
                     # fails a worker every time is the request's fault). Its result lands once.
+                    # A local worker that crashed under it: again once it is back, until
+                    # the quarantine refuses it (worker_crashed_twice fails the job).
                     lost += e.code in ("worker_unreachable", "worker_down")
-                    if (e.status != 429 and e.code not in ("model_not_ready", "worker_down",
-                                                           "worker_unreachable")) \
-                            or lost > MAX_LOST_RUNS:
+                    if (e.status != 429 and e.code not in RETRIED) or lost > MAX_LOST_RUNS:
                         raise
                     await asyncio.sleep(e.retry_after or 1.0)
             done = await asyncio.to_thread(self.store.finish, job_id, result)
@@ -340,7 +344,7 @@ class JobRunner:
                 body = EmbeddingRequest.model_validate(req)
                 return await embeddings(rt, body.input, rank, body.user)
             body = ChatCompletionRequest.model_validate({**req, "stream": False})
-            comp = completion(rt, body, rank)
+            comp = await completion(rt, body, rank)
             self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
             comp.submit()
             try:
@@ -353,8 +357,15 @@ def validate_job_request(kind: str, request: Any) -> None:
     """Raise CompletionError(400) if the job's body would never run."""
     model = EmbeddingRequest if kind == "embeddings" else ChatCompletionRequest
     try:
-        model.model_validate(request)
+        body = model.model_validate(request)
     except ValidationError as e:
         err = e.errors()[0]
         loc = "request." + ".".join(str(p) for p in err["loc"])
         raise CompletionError(400, f"{loc}: {err['msg']}", "invalid_value", loc) from e
+    if isinstance(body, ChatCompletionRequest):
+        try:  # now, not when it runs: a schema past the limits never will
+            check_limits(body)
+        except CompletionError as e:
+            e.param = f"request.{e.param}"
+            e.message = f"request.{e.message}"
+            raise

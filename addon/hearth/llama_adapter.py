@@ -10,103 +10,18 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as L
 import numpy as np
 
+from .llama_backends import LlamaError, backend_names, init_backend
+from .runner.protocol import ContextParams
+
 log = logging.getLogger(__name__)
-
-_init_lock = threading.Lock()
-_initialised = False
-_log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
-
-
-def init_backend(verbose: bool = False) -> None:
-    """Initialise llama.cpp once; silence its native log unless ``verbose``."""
-    global _initialised, _log_callback
-    with _init_lock:
-        if _initialised:
-            return
-        if verbose:
-            def forward(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
-                log.info("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
-        else:
-            def forward(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
-                return None
-        _log_callback = L.llama_log_callback(forward)
-        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        _load_dynamic_backends()
-        L.llama_backend_init()
-        _initialised = True
-
-
-def _libggml() -> ctypes.CDLL:
-    """ggml's functions as libllama is bound to them. The wheel ships libggml.so and
-    libggml.so.0 as two copies of one file: opening either by name could load a second ggml,
-    with its own (empty) backend registry; lookups through libllama's handle cannot."""
-    return L.llama_cpp._lib
-
-
-def _load_dynamic_backends() -> None:
-    """A build with GGML_BACKEND_DL (the add-on image) registers no backend by itself: load
-    them from the package's lib folder, where ggml picks the CPU variant this CPU can run
-    (one per instruction-set level), so one image runs with and without AVX."""
-    try:
-        ggml = _libggml()
-        count = ggml.ggml_backend_reg_count
-        load_all = ggml.ggml_backend_load_all_from_path
-    except (OSError, AttributeError):
-        return
-    count.restype = ctypes.c_size_t
-    if count() == 0:
-        load_all.argtypes = [ctypes.c_char_p]
-        load_all(str(Path(L.__file__).parent / "lib").encode())
-        if count() == 0:
-            raise LlamaError("llama.cpp found no backend it can run on this CPU")
-
-
-def backend_names() -> list[str]:
-    """The llama.cpp backends in use: the CPU's with the variant chosen at run time where
-    there is one (``CPU (libggml-cpu-haswell.so)``), a GPU backend's with its devices
-    (``Vulkan (Intel(R) Arc(tm) Graphics)``, or ``Vulkan (no device)``: the model runs on
-    the CPU)."""
-    ggml = _libggml()
-    for fn, res, args in (
-            ("ggml_backend_reg_count", ctypes.c_size_t, []),
-            ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
-            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p]),
-            ("ggml_backend_reg_dev_get", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
-            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p])):
-        getattr(ggml, fn).restype = res
-        getattr(ggml, fn).argtypes = args
-    try:
-        with open("/proc/self/maps") as maps:
-            variants = sorted({line.rsplit("/", 1)[-1].strip() for line in maps
-                               if "/libggml-cpu-" in line})
-    except OSError:
-        variants = []
-    names = []
-    for i in range(ggml.ggml_backend_reg_count()):
-        reg = ggml.ggml_backend_reg_get(i)
-        name = ggml.ggml_backend_reg_name(reg).decode()
-        if name == "CPU":
-            names.append(f"CPU ({', '.join(variants)})" if variants else "CPU")
-            continue
-        devices = [ggml.ggml_backend_dev_description(ggml.ggml_backend_reg_dev_get(reg, d))
-                   .decode(errors="replace") for d in range(ggml.ggml_backend_reg_dev_count(reg))]
-        names.append(f"{name} ({', '.join(devices) or 'no device'})")
-    return names
-
-
-class LlamaError(RuntimeError):
-    pass
-
+__all__ = ["Context", "ContextParams", "LlamaError", "Model", "backend_names", "init_backend"]
 
 def _gguf_meta(model: ctypes.c_void_p, key: str) -> str | None:
     buf = ctypes.create_string_buffer(1 << 16)
@@ -122,13 +37,15 @@ def _gguf_meta(model: ctypes.c_void_p, key: str) -> str | None:
 class Model:
     """A loaded GGUF: weights, vocabulary, metadata."""
 
-    def __init__(self, path: str | Path, n_gpu_layers: int = 0, use_mmap: bool = True):
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, use_mmap: bool = True,
+                 extra_buffers: bool = True):
         self.path = Path(path)
         if not self.path.is_file():
             raise LlamaError(f"model file not found: {self.path}")
         params = L.llama_model_default_params()
         params.n_gpu_layers = 2**31 - 1 if n_gpu_layers < 0 else n_gpu_layers
         params.load_mode = L.LLAMA_LOAD_MODE_MMAP if use_mmap else L.LLAMA_LOAD_MODE_NONE
+        params.use_extra_bufts = extra_buffers  # off: no AMX kernel, no repacked weights
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise LlamaError(f"llama.cpp could not load {self.path}")
@@ -212,18 +129,6 @@ class Model:
             self.ptr = None
 
 
-@dataclass
-class ContextParams:
-    n_ctx: int = 16384
-    n_seq_max: int = 8
-    n_batch: int = 512
-    n_ubatch: int = 128
-    n_threads: int = 0
-    flash_attn: str = "auto"  # auto | on | off
-    embeddings: bool = False
-    kv_unified: bool = True
-
-
 # libc's atoi reads a NUL-terminated digit string without touching Python: used as the abort
 # callback it reads our one-byte flag ("0"/"1") at every graph node with no GIL round-trip.
 _atoi_addr = ctypes.cast(ctypes.CDLL(None).atoi, ctypes.c_void_p).value
@@ -234,7 +139,9 @@ class Context:
     """A llama.cpp context: the KV cache (a unified pool over ``n_seq_max`` sequences), one
     reusable batch, and per-sequence samplers."""
 
-    def __init__(self, model: Model, p: ContextParams):
+    def __init__(self, model: Model, p: ContextParams, abort_flag: ctypes.Array | None = None):
+        """``abort_flag``: two bytes ("0"/"1" and a NUL) another process may write to stop a
+        decode (a worker's, in memory the server shares)."""
         self.model = model
         cp = L.llama_context_default_params()
         cp.n_ctx = p.n_ctx
@@ -255,7 +162,8 @@ class Context:
         cp.no_perf = True
         if p.embeddings:
             cp.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
-        self._abort_flag = ctypes.create_string_buffer(b"0", 2)
+        self._abort_flag = abort_flag if abort_flag is not None else \
+            ctypes.create_string_buffer(b"0", 2)
         cp.abort_callback = _ABORT_CB
         cp.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
         self.ptr = L.llama_init_from_model(model.ptr, cp)

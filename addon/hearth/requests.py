@@ -57,6 +57,8 @@ class Event:
     message: str | None = None
     status: int = 500
     reasoning: str = ""
+    code: str | None = None  # an error's machine-readable kind (worker_crashed, ...)
+    retry_after: float | None = None  # an error worth retrying: after this many seconds
 
 
 Sink = Callable[[list[Event]], None]

@@ -8,15 +8,21 @@ import os
 import signal
 import threading
 import time
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .engine import Engine, EngineConfig, EngineCore
 from .engine.arbiter import Arbiter
+from .engine.base import WorkerLost
+from .fleet.proxy import Boundary, ModelProxy, ProcessBackend
+from .fleet.supervisor import BACKOFF_S, CRASHED_TWICE, STRIKES, Supervisor
 from .models import resolve
 from .prefix_store import PrefixStore
 from .prompts import ChatFormatter
+from .requests import Event, Request
+from .runner.protocol import ContextParams
 from .scheduler import PolicyConfig
 from .settings import Settings
 from .stats import Stats
@@ -43,8 +49,9 @@ def unservable(model: Any) -> str | None:
 
 
 class Runtime:
-    """One model in its own context and engine thread. The fleet may unload it and load it
-    again; its stats live across loads."""
+    """One model: its worker process (llama.cpp), and in this process its engine thread,
+    chat formatter and stats. The fleet may unload it and load it again; its stats live
+    across loads, and across its worker's crashes."""
 
     def __init__(self, settings: Settings, name: str | None = None,
                  prefix_dir: Path | None = None, arbiter: Arbiter | None = None):
@@ -54,8 +61,9 @@ class Runtime:
         self.prefix_dir = prefix_dir or Path(settings.data_dir) / "prefix-cache"
         self.state = "loading"  # loading | ready | failed | unloading | unloaded
         self.error: str | None = None
-        self.model: Any = None
-        self.backend: Any = None
+        self.model: ModelProxy | None = None
+        self.backend: ProcessBackend | None = None
+        self.supervisor: Supervisor | None = None
         self.engine: Engine | None = None
         self.core: EngineCore | None = None
         self.formatter: ChatFormatter | None = None
@@ -101,60 +109,117 @@ class Runtime:
                 self.on_settled()
 
     def load(self) -> None:
-        # Imported here: llama.cpp is loaded only by a process that serves a model.
-        from .backend import LlamaBackend
-        from .llama_adapter import Model, backend_names, init_backend
-
+        """Start the model's worker process (walking down the CPU ladder past rungs that
+        crash at start), calibrate, restore the saved prefixes, start the engine thread."""
         s = self.settings
-        init_backend(verbose=s.verbose)
-        self.backends = backend_names()
-        log.info("llama.cpp backends: %s", ", ".join(self.backends))
         path = resolve(s.model, s.models_dir, progress=self._downloaded)
+        embed_path = resolve(s.embedding_model, s.models_dir) if s.embedding_model else None
         self.progress = {"phase": "loading"}
         self.model_path = path
-        log.info("loading %s", path)
-        opened: list[Any] = []  # closed again, newest first, if the load fails part-way
-        try:
-            model = Model(path, n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
-            opened.append(model)
-            if reason := unservable(model):
-                raise ValueError(f"{path.name}: {reason}")
-            embed_model = None
-            if s.embedding_model:
-                embed_model = Model(resolve(s.embedding_model, s.models_dir),
-                                    n_gpu_layers=s.n_gpu_layers, use_mmap=s.use_mmap)
-                opened.append(embed_model)
-            backend = LlamaBackend(model, self._context_params(), embed_model=embed_model,
-                                   embed_batch=min(2048, s.n_batch * 4))
-            opened.append(backend)
-            core = self._core(backend)
-            if self._costs is not None:  # a reload: what the engine learnt still holds
-                core.cost, core.embed_cost = self._costs
+        log.info("loading %s in a worker process", path)
+        sup = self.supervisor = Supervisor(
+            self._worker_cfg(path, embed_path),
+            Path(s.data_dir) / "workers" / (self.name or "default"), s.worker_watchdog_s)
+        backend: ProcessBackend | None = None
+        while True:
+            worker = sup.start()
+            if backend is None:
+                backend = ProcessBackend(worker)
             else:
-                core.calibrate(model.tokenize("Hearth warms up.", add_special=False)[0])
-        except BaseException:
-            for x in reversed(opened):
-                x.close()
-            raise
-        if s.prefix_cache and s.prefix_store_mb > 0:
-            self._restore_prefixes(core, path, backend.n_ctx)
-        specials = model.special_tokens()
-        self.formatter = ChatFormatter(model.chat_template(), specials.get("bos_token", ""),
+                backend.attach(worker)
+            core = self._core(backend)
+            try:
+                if self._costs is not None:  # a reload: what the engine learnt still holds
+                    core.cost, core.embed_cost = self._costs
+                else:  # the calibration decodes are the canary's second half
+                    core.calibrate(worker.info["canary_token"])
+                if s.prefix_cache and s.prefix_store_mb > 0:
+                    self._restore_prefixes(core, path, backend.n_ctx)
+                backend.flush()
+                break
+            except WorkerLost as lost:
+                sup.crashed(lost, at_start=True)
+        sup.state, sup.failures_in_row = "serving", 0
+        backend.boundary = sup.boundary = Boundary()  # served iterations, not calibration
+        worker.on_lost = core.wakeup.set
+        self.backends = worker.info["backends"]
+        self.model = ModelProxy(backend)
+        specials = self.model.special_tokens()
+        self.formatter = ChatFormatter(self.model.chat_template(), specials.get("bos_token", ""),
                                        specials.get("eos_token", ""),
-                                       model.meta("general.architecture"))
-        self.model, self.backend, self.core = model, backend, core
+                                       self.model.meta("general.architecture"))
+        self.backend, self.core = backend, core
         self.model_id = self.name or path.stem
         if self.arbiter is not None:
             self.arbiter.join(core)
-        self.engine = Engine(core, on_death=self._engine_died)
+        self.engine = Engine(core, on_death=self._engine_died, on_worker_lost=self._worker_lost)
+        self.engine.admit_check = sup.quarantine.check
         self.engine.start()
         self.state = "ready"
         log.info("model %s ready (%s, n_ctx=%d, n_parallel=%d, policy=%s)", self.model_id,
-                 model.description, backend.n_ctx, s.n_parallel, s.policy)
+                 self.model.description, backend.n_ctx, s.n_parallel, s.policy)
 
-    def _context_params(self) -> Any:
-        from .llama_adapter import ContextParams
+    def _worker_cfg(self, path: Path, embed_path: Path | None) -> dict[str, Any]:
+        s = self.settings
+        return {"model": str(path), "embedding_model": str(embed_path) if embed_path else "",
+                "n_gpu_layers": s.n_gpu_layers, "use_mmap": s.use_mmap, "verbose": s.verbose,
+                "context": asdict(self._context_params()),
+                "embed_batch": min(2048, s.n_batch * 4)}
 
+    # -- a worker that died ---------------------------------------------------------------
+    def _worker_lost(self, lost: WorkerLost, in_flight: list[Request],
+                     suspects: list[Request], stop: threading.Event) -> None:
+        """In the engine thread, once the engine has forgotten the dead worker: answer the
+        requests it was serving (a suspect for the second time is quarantined), then start a
+        new worker (after a backoff) and give it the saved prefixes. Waiting requests wait
+        for it."""
+        sup = self.supervisor
+        assert sup is not None and self.core is not None and self.backend is not None
+        sup.crashed(lost, requests=len(in_flight))
+        sup.state = "restarting"
+        delay = sup.backoff()
+        for r in in_flight:
+            if any(r is x for x in suspects) and sup.quarantine.strike(r) >= STRIKES:
+                ev = Event("error", message=CRASHED_TWICE, status=422,
+                           code="worker_crashed_twice")
+            else:
+                ev = Event("error", status=503, code="worker_crashed", retry_after=delay + 2,
+                           message=f"the model's worker crashed ({lost.cause}); it is "
+                                   "restarting, try again")
+            try:
+                r.sink([ev])
+            except Exception:
+                log.exception("could not tell request %d that its worker crashed", r.id)
+        while not stop.wait(delay):
+            try:
+                worker = sup.start()
+                self.backend.attach(worker)
+                worker.on_lost = self.core.wakeup.set
+                if self.core.store is not None:
+                    self.core.restore(self.core.store.load())
+                self.backend.flush()
+            except WorkerLost as again:  # it died restoring: as at start
+                sup.crashed(again, at_start=True)
+                delay = sup.backoff()
+                continue
+            except Exception as e:  # WorkerFailed, or crashed at every start: keep trying
+                log.error("the model's worker could not be restarted: %s", e)
+                sup.state, self.error = "failed", str(e)
+                delay = BACKOFF_S[-1]
+                continue
+            sup.state, self.error = "serving", None
+            sup.restarts += 1
+            self.backends = worker.info["backends"]
+            log.info("the model's worker is back (pid %d); %d request(s) waiting", worker.pid,
+                     len(self.core.waiting))
+            return
+
+    @property
+    def serving(self) -> bool:
+        """Whether the model's worker is up (False while it restarts after a crash)."""
+        return self.supervisor is not None and self.supervisor.state == "serving"
+
+    def _context_params(self) -> ContextParams:
         s = self.settings
         entries = s.prefix_cache_entries if s.prefix_cache else 0
         return ContextParams(
@@ -203,33 +268,35 @@ class Runtime:
         return self.model.tokenize(text, add_special=add_special, parse_special=True)
 
     def close(self) -> bool:
-        """Stop the engine, save the voice and chat prefixes, free the context. False when a
-        stuck decode still uses the context (freeing it would crash the process)."""
-        if self.engine is not None and not self.engine.stop():
-            log.warning("the engine thread did not stop in time; its context is not freed")
-            return False
-        if self.core is not None and self.core.store is not None and self.engine is not None \
-                and self.engine.error is None:
+        """Stop the engine, save the voice and chat prefixes, stop the worker. A decode that
+        will not stop no longer pins the process: its worker is killed."""
+        stopped = self.engine is None or self.engine.stop()
+        if not stopped:
+            log.warning("the engine thread did not stop in time; killing its worker")
+        elif self.core is not None and self.core.store is not None and self.serving \
+                and self.engine is not None and self.engine.error is None:
             self._save_prefixes(self.core)
-        if self.backend is not None:
-            self.backend.close()
+        sup = self.supervisor
+        if sup is not None:
+            sup.closing = True
+            for w in (sup.starting, sup.worker):
+                if w is not None:
+                    w.stop(timeout=10.0 if stopped and w is sup.worker else 0.0)
+            sup.state = "stopped"
+        if not stopped and self.engine is not None:
+            self.engine.stop(timeout=5.0)  # it was waiting on the worker: it ends now
         return True
 
     def unload(self) -> None:
         """Free the model's memory, ready to load it again (the fleet's keep-alive and swaps)."""
         self.state = "unloading"
-        if not self.close():
-            self.state, self.error = "failed", "the engine did not stop to unload"
-            return
+        self.close()
         if self.core is not None:
             self._costs = (self.core.cost, self.core.embed_cost)
             if self.arbiter is not None:
                 self.arbiter.leave(self.core)
-        backend, self.backend = self.backend, None
-        for m in {id(x): x for x in (self.model, getattr(backend, "_embed_model", None))
-                  if x is not None}.values():
-            m.close()
-        self.model = self.engine = self.core = self.formatter = None
+        self.backend = self.model = self.engine = self.core = self.formatter = None
+        self.supervisor = None
         self.settled.clear()
         self.state = "unloaded"
 
@@ -241,7 +308,7 @@ class Runtime:
         try:
             core.persist(force=True)
             store.close()
-        except Exception:  # the cache is worth less than a clean stop
+        except (Exception, WorkerLost):  # the cache is worth less than a clean stop
             log.exception("could not save the prefix cache")
             return
         stats = store.stats()

@@ -31,12 +31,12 @@ from .api.http import (
 )
 from .api.names import listed, with_model
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
-from .completions import completion, embeddings, warm
 from .fleet.fleet import Fleet
 from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
 from .openapi import build as build_openapi
 from .runtime import Runtime
+from .serving import completion, embeddings, warm
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,12 @@ async def health(request: web.Request) -> web.Response:
                             "version": __version__}
     if state == "ready":
         body["backends"] = sorted({b for w in fleet.loaded() for b in w.rt.backends})
+        if (sup := getattr(primary, "supervisor", None)) is not None:  # its llama.cpp's CPU
+            report = sup.report()
+            body["cpu"] = {"variant": report["cpu_variant"], "rung": report["cpu_rung"],
+                           "rungs_skipped": report["rungs_skipped"]}
+        if why := fleet.degraded():  # still answering: requests wait for the worker's restart
+            body.update(status="degraded", reason=why)
     if fleet.error:
         body["error"] = fleet.error
     if (died := fleet.engine_error) is not None:
@@ -99,8 +105,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _complete(request: web.Request, body: ChatCompletionRequest | CompletionRequest
                     ) -> web.StreamResponse:
     user = request_user(request, body.user)
-    return await with_model(request, body.model, body.priority, "chat", lambda rt, rank:
-                            openai_answer(request, completion(rt, body, rank, user)))
+
+    async def run(rt: Any, rank: int) -> web.StreamResponse:
+        return await openai_answer(request, await completion(rt, body, rank, user))
+
+    return await with_model(request, body.model, body.priority, "chat", run)
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -142,6 +151,7 @@ async def queue(request: web.Request) -> web.Response:
             state = core.queue_state()
         out.update(state, **core.stats.snapshot(core.b.now()))
     out.update(fleet.report())
+    out["worker"] = out["models"].get(fleet.primary.name, {}).get("worker")
     out["jobs"] = await asyncio.to_thread(request.app[JOBS].store.counts)
     return web.json_response(out)
 

@@ -118,6 +118,9 @@ class Settings(BaseModel):
         "iterations (they share one accelerator); off when each model has its own GPU")
     load_wait_s: float = _opt(120.0, "how long a request waits for its model to load before "
                               "503", gt=0)
+    worker_watchdog_s: float = _opt(
+        120.0, "a model's worker process that answers no call for this long (one decode or "
+        "embedding batch) is killed and restarted", addon=False, gt=0)
 
     # Scheduling
     policy: Literal["hearth", "fifo", "serial"] = _opt(

@@ -246,10 +246,12 @@ def test_runs_on_a_cpu_without_avx(image, addons):
 
     site = podman("run", "--rm", "--entrypoint", "/bin/sh", image, "-c",
                   "echo /opt/venv/lib/python3*/site-packages").stdout.strip()
+    # qemu-user emulates one process (an exec would run natively): the model's worker, the
+    # only process that runs llama.cpp; the server runs natively.
     addon = addons(image, options={"n_ctx": 1024, "n_parallel": 1, "n_threads": 2},
-                   env={"PYTHONPATH": f"/opt/hearth:{site}"},
-                   # qemu-user emulates this one process (an exec would run natively)
-                   entrypoint=[*qemu, "/usr/bin/python3", "-m", "hearth", "serve",
+                   env={"PYTHONPATH": f"/opt/hearth:{site}",
+                        "HEARTH_WORKER_WRAPPER": " ".join(qemu)},
+                   entrypoint=["/usr/bin/python3", "-m", "hearth", "serve",
                                "--host", "0.0.0.0", "--port", "8080",
                                "--options-file", "/data/options.json",
                                "--data-dir", "/data", "--models-dir", "/config/models"])

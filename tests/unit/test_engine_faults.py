@@ -170,21 +170,25 @@ def test_stop_aborts_a_running_decode_and_says_whether_the_thread_ended(heeds_ab
     assert engine.stop(timeout=5)
 
 
-def test_the_runtime_keeps_a_context_that_a_stuck_decode_still_uses():
+def test_a_decode_that_will_not_stop_costs_its_worker_not_the_process():
+    """A stuck decode once pinned its context (freeing it would crash the server); in a
+    worker process it is killed at once, and an engine that stopped asks its worker to exit."""
     from types import SimpleNamespace
 
     from hearth import runtime
     from hearth.settings import Settings
 
-    closed: list[bool] = []
+    stops: list[float] = []
     rt = runtime.Runtime(Settings())
-    rt.backend = SimpleNamespace(close=lambda: closed.append(True))
-    rt.engine = SimpleNamespace(stop=lambda: False)
+    rt.supervisor = SimpleNamespace(worker=SimpleNamespace(stop=lambda timeout: stops.append(
+        timeout)), state="serving", starting=None)
+    rt.engine = SimpleNamespace(stop=lambda timeout=10.0: False, error=None)
+    assert rt.close()
+    assert stops == [0.0]  # killed, not asked
+    rt.supervisor.state = "serving"
+    rt.engine = SimpleNamespace(stop=lambda timeout=10.0: True, error=None)
     rt.close()
-    assert closed == []
-    rt.engine = SimpleNamespace(stop=lambda: True)
-    rt.close()
-    assert closed == [True]
+    assert stops == [0.0, 10.0]
 
 
 def test_models_the_engine_cannot_share_are_refused_by_name():

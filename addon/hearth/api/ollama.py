@@ -15,8 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from ..backend import l2_normalised
-from ..completions import CompletionError, completion, embedding_inputs, embeddings
+from ..completions import CompletionError
 from ..fleet.gguf import FILE_TYPES
+from ..serving import completion, embedding_inputs_async, embeddings
 from . import ollama_convert as convert
 from .http import FLEET, ApiError, read_body, ready, request_user, serve_completion
 from .names import listed, resolve, use_model, with_model
@@ -218,7 +219,7 @@ async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any
 
     async def run(rt: Any, rank: int) -> web.StreamResponse:
         try:
-            comp = completion(rt, inner, rank, user)
+            comp = await completion(rt, inner, rank, user)
         except CompletionError as e:
             raise convert.renamed(e) from e
         out = _Shaper(body.model, chat, raw=not comp.chat)
@@ -330,7 +331,7 @@ async def _embed(request: web.Request, body: EmbedBody | LegacyEmbedBody, texts:
     async def run(rt: Any, rank: int) -> dict[str, Any]:
         inputs: list[Any] = list(texts)  # a remote worker tokenizes for itself
         if not getattr(rt, "remote", False):
-            inputs = embedding_inputs(rt, texts)
+            inputs = await embedding_inputs_async(rt, texts)
             if truncate:  # Ollama's default: cut an input to what the model can take
                 limit, _ = rt.backend.embed_limits()
                 inputs = [x[:limit] for x in inputs]

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api_models import ChatCompletionRequest, CompletionRequest
-from ..completions import CompletionError
+from ..completions import RESPONSE_SCHEMA, CompletionError
 from .http import ApiError, validation_error
 from .ollama_models import ChatBody, GenerateBody, Message, Options
 
@@ -133,15 +133,21 @@ def _message(m: Message, index: int) -> dict[str, Any]:
 
 def renamed(err: CompletionError) -> CompletionError:
     """The error naming the field as the Ollama client sent it (``format``, not
-    ``response_format``)."""
-    field = (err.param or "").split(".")[0]
-    if field in _FIELD_NAMES:
+    ``response_format``; ``format.properties.name.maxLength``, not
+    ``response_format.json_schema.schema.properties.name.maxLength``)."""
+    param = err.param or ""
+    field = param.split(".")[0]
+    if param == RESPONSE_SCHEMA or param.startswith(RESPONSE_SCHEMA + "."):
+        field, name = param, "format" + param[len(RESPONSE_SCHEMA):]
+    elif field in _FIELD_NAMES:
         name = _FIELD_NAMES[field]
-        if err.message.startswith(field):
-            err.message = name + err.message[len(field):]
-        else:
-            err.message = f"{name}: {err.message}"
-        err.param = name
+    else:
+        return err
+    if err.message.startswith(field):
+        err.message = name + err.message[len(field):]
+    else:
+        err.message = f"{name}: {err.message}"
+    err.param = name
     return err
 
 

@@ -24,7 +24,9 @@ class Admission:
         for r in self.policy.order(list(self.waiting), now, self.running):
             if r.sampler is None:
                 try:
+                    self._admitting = r  # stays set if the worker dies making it
                     r.sampler = self.b.new_sampler(r.sampling)
+                    self._admitting = None
                 except Exception as e:  # e.g. a grammar llama.cpp refuses: this request's fault
                     self._fail(r, f"cannot sample this request: {e}", now, status=400)
                     continue

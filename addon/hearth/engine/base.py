@@ -31,6 +31,9 @@ class Backend(Protocol):
     def now(self) -> float: ...
     def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
                outputs: list[bool]) -> int: ...
+    def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
+                      outputs: list[bool], samples: list[tuple[Any, int]]
+                      ) -> tuple[int, list[int]]: ...
     def new_sampler(self, p: SamplingParams) -> Any: ...
     def sample(self, sampler: Any, i: int) -> int: ...
     def free_sampler(self, sampler: Any) -> None: ...
@@ -48,6 +51,37 @@ class Backend(Protocol):
     def clear_abort(self) -> None: ...
     def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
     def embed_limits(self) -> tuple[int, int]: ...  # (tokens per batch, inputs per batch)
+
+
+class SampleAfterDecode:
+    """``decode_sample`` for an in-process backend: decode, then sample each output. A worker
+    process's backend does both in one round trip."""
+
+    def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
+                      outputs: list[bool], samples: list[tuple[Any, int]]
+                      ) -> tuple[int, list[int]]:
+        status = self.decode(tokens, pos, seqs, outputs)  # type: ignore[attr-defined]
+        if status != 0:
+            return status, []
+        return status, [self.sample(s, i) for s, i in samples]  # type: ignore[attr-defined]
+
+
+class WorkerLost(BaseException):
+    """The process that runs the backend is gone (a crash, a kill, a hang). A BaseException:
+    the engine's handlers for one request's failure (``except Exception``) must not take it
+    for that request's fault; the engine thread handles it."""
+
+    def __init__(self, cause: str, signal: int | None = None, during: str = "",
+                 rung: str | None = None, blame: int = 0, suspect: bool = True):
+        super().__init__(cause)
+        self.cause = cause
+        self.signal = signal
+        self.during = during  # the call under way: new_sampler, decode_sample, ...
+        self.rung = rung
+        self.blame = blame  # the sampler it died sampling with (0: not while sampling)
+        # Whether what it was computing may have killed it: not for a SIGKILL from outside
+        # (the OOM killer, an operator), which no request's code sends.
+        self.suspect = suspect
 
 
 class RequestError(Exception):

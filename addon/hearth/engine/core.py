@@ -19,12 +19,13 @@ from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embeddings
 from .persistence import Persistence
+from .recovery import Recovery
 from .view import View
 
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
+class EngineCore(Admission, Embeddings, Compaction, Persistence, Recovery, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -39,6 +40,8 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.embed_waiting: list[Request] = []
+        self._embedding: Request | None = None  # the one whose inputs are being computed
+        self._admitting: Request | None = None  # the one whose sampler is being made
         self.lock = threading.RLock()  # guards the inbox, queue counts and snapshots
         self.wakeup = threading.Event()
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -294,8 +297,10 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
         with self.lock:
             self.b.clear_abort()
             self._inflight = (best_prefill, prefill_tokens)
+        # Every output's token is sampled with the decode: one round trip to a worker process.
+        samples = [(it.req.sampler, out_index[it.req.id]) for it in items if it.output]
         t0 = self.b.now()
-        status = self.b.decode(tokens, pos, seqs, outs)
+        status, sampled = self.b.decode_sample(tokens, pos, seqs, outs, samples)
         t1 = self.b.now()
         with self.lock:
             self._inflight = None
@@ -304,7 +309,7 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
                                "seconds": t1 - t0, "status": status}
         if status == 0:
             self.cost.observe(len(tokens), t1 - t0, attended)
-            self._after_decode(items, out_index, t1)
+            self._after_decode(items, sampled, t1)
         elif status == 1:
             self._out_of_kv(items, t1)
         elif status == 2:
@@ -314,10 +319,12 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
             for it in items:
                 self._fail(it.req, f"llama_decode failed with status {status}", t1)
 
-    def _after_decode(self, items: list[BatchItem], out_index: dict[int, int], now: float) -> None:
+    def _after_decode(self, items: list[BatchItem], sampled: list[int], now: float) -> None:
         prompt_done = generated = 0
+        next_token = iter(sampled)  # in the order of the items with an output
         for it in items:
             r = it.req
+            tok = next(next_token) if it.output else -1
             if r.finished:
                 continue
             r.n_past += it.n
@@ -327,7 +334,6 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, View):
                 r.prefilled_tokens += it.n
                 self.policy.charge(r.user, prompt_tokens=it.n)
             if it.output:
-                tok = self.b.sample(r.sampler, out_index[r.id])
                 generated += 1
                 self._on_token(r, tok, now)
         self.stats.record_tokens(now, generated, prompt_done)

@@ -46,11 +46,14 @@ class Embeddings:
             chunk.append(nxt)
             used += len(nxt)
         t0 = self.b.now()
+        self._embedding = head  # stays set if the worker dies in the call (WorkerLost)
         try:
             vectors = self.b.embed(chunk)
         except Exception as e:  # surfaced to the caller, the engine keeps serving
+            self._embedding = None
             self._fail(head, f"embedding failed: {e}", self.b.now())
             return
+        self._embedding = None
         t1 = self.b.now()
         self.embed_cost.observe(used, t1 - t0)  # its own context: not the generation's cost
         done.extend(vectors)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import ClassVar
 
 from ..requests import Event, Request
+from .base import WorkerLost
 from .core import EngineCore
 
 log = logging.getLogger("hearth.engine")
@@ -20,12 +21,19 @@ class Engine:
     """Runs an :class:`EngineCore` in its own thread."""
 
     def __init__(self, core: EngineCore,
-                 on_death: Callable[[BaseException], None] | None = None):
+                 on_death: Callable[[BaseException], None] | None = None,
+                 on_worker_lost: Callable[[WorkerLost, list[Request], list[Request],
+                                           threading.Event], None] | None = None):
         self.core = core
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.on_death = on_death  # told after the requests have their errors
+        # Told, in this thread, when the backend's worker process died, with the requests it
+        # was serving and the suspects among them; returns once a new worker serves (or the
+        # engine is stopping).
+        self.on_worker_lost = on_worker_lost
+        self.admit_check: Callable[[Request], None] | None = None  # may refuse a submission
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
@@ -33,25 +41,36 @@ class Engine:
 
     def _run(self) -> None:
         core = self.core
+        check = getattr(core.b, "check", None)  # a worker process's backend: still alive?
         try:
             while not self._stop.is_set():
-                if not core.has_work():
-                    if core.idle():
-                        continue
-                    core.wakeup.wait(0.5)
-                    core.wakeup.clear()
-                    continue
-                if core.arbiter is not None:
-                    core.arbiter.pause(core, self._stop)  # another model's voice goes first
-                if not core.step():
-                    core.wakeup.wait(0.01)
-                    core.wakeup.clear()
+                try:
+                    if check is not None:
+                        check()
+                    self._iteration()
+                except WorkerLost as lost:
+                    if self.on_worker_lost is None:
+                        raise
+                    self.on_worker_lost(lost, *core.worker_lost(lost), self._stop)
         except BaseException as e:
             self.error = e
             log.exception("engine thread died")
             self.core.fail_all(f"engine stopped: {e}")
             if self.on_death is not None:
                 self.on_death(e)
+
+    def _iteration(self) -> None:
+        core = self.core
+        if not core.has_work():
+            if not core.idle():
+                core.wakeup.wait(0.5)
+                core.wakeup.clear()
+            return
+        if core.arbiter is not None:
+            core.arbiter.pause(core, self._stop)  # another model's voice goes first
+        if not core.step():
+            core.wakeup.wait(0.01)
+            core.wakeup.clear()
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the thread; a decode under way is aborted first. Returns whether the thread
@@ -65,6 +84,8 @@ class Engine:
         return True
 
     def submit(self, r: Request) -> Request:
+        if self.admit_check is not None:
+            self.admit_check(r)
         return self.core.submit(r)
 
     def cancel(self, request_id: int) -> None:

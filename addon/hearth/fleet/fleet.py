@@ -92,6 +92,14 @@ class Fleet:
             return "failed"
         return "loading" if None in first else "ready"
 
+    def degraded(self) -> str | None:
+        """Why a model's worker degrades the service (a crash, a restart), or None."""
+        for w in self.workers.values():
+            sup = getattr(w.rt, "supervisor", None)
+            if sup is not None and (why := sup.problem()):
+                return f"{w.name}: {why}" if len(self.workers) > 1 else why
+        return None
+
     @property
     def error(self) -> str | None:
         for n in self.start_models:
@@ -131,6 +139,7 @@ class Fleet:
                 "keep_alive_s": v.keep_alive_s, "expires_in_s": expires, "in_use": w.leases,
                 "progress": w.rt.progress, "loads": w.loads, "unloads": w.unloads,
                 "last_load_s": w.rt.load_s,
+                "worker": w.rt.supervisor.report() if w.rt.supervisor else None,
                 "paused_for_others_s": self._paused(w),
                 **self.queue_depth(w)}
         resident = self.policy.used(w.view() for w in self.workers.values())

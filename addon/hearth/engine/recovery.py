@@ -1,0 +1,68 @@
+"""When the backend's process dies (part of :class:`~hearth.engine.core.EngineCore`): its KV
+cache and samplers are gone with it. What was being computed is handed back to be answered;
+what had not begun waits for the next worker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..kvcache import KVPool
+from ..requests import Request
+
+if TYPE_CHECKING:
+    from .base import WorkerLost
+    from .core import EngineCore
+
+
+_COUNTERS = ("hits", "lookups", "hit_tokens", "lookup_tokens", "evictions", "lookups_by",
+             "hits_by", "packings", "warm_ups")
+
+
+class Recovery:
+    def worker_lost(self: EngineCore, why: WorkerLost) -> tuple[list[Request], list[Request]]:
+        """Forget the dead worker's state. Returns the requests it was serving (running,
+        preempted after they began answering, the embedding request under way, the one whose
+        sampler it was making), taken out of the engine for whoever supervises the worker to
+        answer, and of those the suspects: the one it was sampling for or making a sampler
+        for, else all it was computing."""
+        with self.lock:
+            self._inflight = None
+        self._flush_events()  # tokens sampled before the death reach their streams first
+        admitting, self._admitting = self._admitting, None
+        begun = [r for r in self.waiting if r.first_admitted_at is not None]
+        computing = [*self.running, *([self._embedding] if self._embedding else [])]
+        if not why.suspect:
+            suspects = []
+        elif why.during == "new_sampler" and admitting is not None:
+            suspects = [admitting]
+        elif why.during == "decode_sample" and why.blame:
+            suspects = [r for r in self.running if r.sampler == why.blame] or computing
+        else:
+            suspects = computing
+        lost = list({id(r): r for r in [*computing, *begun, *suspects]}.values())
+        now = self.b.now()
+        for r in lost:
+            if r in self.waiting:
+                self.waiting.remove(r)
+            if r in self.embed_waiting:
+                self.embed_waiting.remove(r)
+            r.finished, r.finish_reason, r.finished_at = True, "error", now
+            r.seq_id, r.sampler = None, None
+            self._by_id.pop(r.id, None)
+            self.policy.user_left(r.user)
+            self.stats.record_finished(r, now)
+        self.running = []
+        self._embedding = None
+        for r in self.waiting:
+            r.sampler = None  # made in the dead worker: a new one at admission
+        for r in self.embed_waiting:  # nothing was streamed: computed again from the start
+            r.meta.pop("_embedded", None)
+        old = self.pool
+        self.pool = KVPool(self.b.n_ctx, self.b.n_seq_max, old.max_entries,
+                           kept_cells=old.policy.kept_cells)
+        for name in _COUNTERS:  # the cache's history outlives the cells it held
+            setattr(self.pool, name, getattr(old, name))
+        self._persisted = ()  # the next idle moment saves what the new worker holds
+        self._admit_dirty = True
+        self._publish()
+        return lost, suspects

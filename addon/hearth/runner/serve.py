@@ -1,0 +1,195 @@
+"""A model's worker process: it alone loads llama.cpp, holds the model and its context, and
+answers the server's engine and service channels (:mod:`.protocol`). When it dies, whatever
+killed it (a segfault, an illegal instruction, an abort, the OOM killer) kills only it."""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..backend import LlamaBackend
+from ..llama_adapter import ContextParams, Model
+from ..llama_backends import NO_EXTRA, backend_names, cpu_rungs, cpu_variant, init_backend
+from ..llama_sampling import Sampler, check_grammar
+from ..runtime import unservable
+from . import faults
+from .protocol import AbortFlag
+
+log = logging.getLogger("hearth.worker")
+
+
+class Runner:
+    def __init__(self, engine: Connection, service: Connection, cfg: dict[str, Any]):
+        self.eng, self.svc, self.cfg = engine, service, cfg
+        self.samplers: dict[int, Sampler] = {}
+        self.poisoned: set[int] = set()  # test faults only
+        self._next_sampler = 0
+        self._svc_lock = threading.Lock()
+
+    # -- start ------------------------------------------------------------------------------
+    def load(self) -> None:
+        cfg = self.cfg
+        rungs = cpu_rungs()
+        rung = next((r for r in rungs if r not in cfg["skip"]), rungs[-1])
+        self.eng.send(("rung", rung))
+        init_backend(verbose=cfg["verbose"], rung=rung)
+        model = Model(cfg["model"], n_gpu_layers=cfg["n_gpu_layers"], use_mmap=cfg["use_mmap"],
+                      extra_buffers=not rung.endswith(NO_EXTRA))
+        if reason := unservable(model):
+            raise ValueError(f"{model.path.name}: {reason}")
+        embed_model = None
+        if cfg["embedding_model"]:
+            embed_model = Model(cfg["embedding_model"], n_gpu_layers=cfg["n_gpu_layers"],
+                                use_mmap=cfg["use_mmap"], extra_buffers=not rung.endswith(NO_EXTRA))
+        self.abort = AbortFlag(cfg["abort_path"])
+        b = LlamaBackend(model, ContextParams(**cfg["context"]), embed_model=embed_model,
+                         embed_batch=cfg["embed_batch"], abort_flag=self.abort.array)
+        self.model, self.b = model, b
+        # The canary: a CPU that reports instructions it cannot run dies here, not mid-request.
+        token = model.tokenize("Hearth warms up.", add_special=False)[0]
+        faults.at_canary(rung)
+        if b.decode([token], [0], [0], [True]) != 0:
+            raise RuntimeError("the canary decode failed")
+        b.seq_rm(0)
+        specials = model.special_tokens()
+        self.eng.send(("ready", {
+            "pid": os.getpid(), "rung": rung, "cpu_variant": cpu_variant(), "rungs": rungs,
+            "backends": backend_names(), "n_ctx": b.n_ctx, "n_ctx_seq": b.n_ctx_seq,
+            "n_seq_max": b.n_seq_max, "n_batch": b.n_batch, "n_ubatch": b.n_ubatch,
+            "embed_limits": b.embed_limits(), "description": model.description,
+            "n_vocab": model.n_vocab, "n_ctx_train": model.n_ctx_train,
+            "chat_template": model.chat_template(), "specials": specials,
+            "architecture": model.meta("general.architecture"), "canary_token": token}))
+
+    # -- the engine channel ---------------------------------------------------------------
+    def serve(self) -> None:
+        threading.Thread(target=self._service, name="hearth-worker-service", daemon=True).start()
+        while True:
+            try:
+                deferred, op, args = self.eng.recv()
+            except (EOFError, OSError):
+                return  # the server is gone
+            try:
+                for d in deferred:
+                    getattr(self, "op_" + d[0])(*d[1:])
+                if op == "exit":
+                    self.eng.send(("ok", None))
+                    return
+                reply = ("ok", getattr(self, "op_" + op)(*args))
+            except Exception as e:  # the request's or the call's fault: the server decides
+                reply = ("err", f"{type(e).__name__}: {e}")
+            self.eng.send(reply)
+
+    def op_seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.b.seq_rm(seq, p0, p1)
+
+    def op_seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.b.seq_cp(src, dst, p0, p1)
+
+    def op_free_sampler(self, sid: int) -> None:
+        s = self.samplers.pop(sid, None)
+        if s is not None:
+            s.close()
+        self.poisoned.discard(sid)
+
+    def op_sync(self) -> None:
+        return None
+
+    def op_new_sampler(self, params: Any) -> int:
+        self._next_sampler += 1
+        self.samplers[self._next_sampler] = Sampler(self.model, params)
+        if faults.poisoned(params.grammar):
+            self.poisoned.add(self._next_sampler)
+        return self._next_sampler
+
+    def op_decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
+                         outputs: list[bool], samples: list[tuple[int, int]]
+                         ) -> tuple[int, list[tuple[int, bool, bytes]], float]:
+        t0 = time.perf_counter()
+        status = self.b.decode(tokens, pos, seqs, outputs)
+        if status != 0:
+            return status, [], time.perf_counter() - t0
+        out = []
+        for sid, i in samples:
+            self.abort.blame = sid  # a crash in here is this request's
+            if sid in self.poisoned:
+                faults.on_poisoned_sample()
+            tok = self.b.sample(self.samplers[sid], i)
+            out.append((tok, self.b.is_eog(tok), self.b.piece(tok)))
+        self.abort.blame = 0
+        return status, out, time.perf_counter() - t0  # the server subtracts it from its wait
+
+    def op_token_info(self, tok: int) -> tuple[bool, bytes]:
+        return self.b.is_eog(tok), self.b.piece(tok)
+
+    def op_seq_pos_max(self, seq: int) -> int:
+        return self.b.seq_pos_max(seq)
+
+    def op_seq_state_get(self, seq: int) -> bytes | None:
+        data = self.b.seq_state_get(seq)
+        return None if data is None else self.b.state_bytes(data)
+
+    def op_seq_state_set(self, seq: int, raw: bytes) -> bool:
+        return self.b.seq_state_set(seq, self.b.state_from_bytes(raw))
+
+    def op_embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        return self.b.embed(inputs)
+
+    # -- the service channel ----------------------------------------------------------------
+    def _service(self) -> None:
+        pool = ThreadPoolExecutor(2, thread_name_prefix="hearth-worker-tokenize")
+        while True:
+            try:
+                mid, op, args = self.svc.recv()
+            except (EOFError, OSError):
+                os._exit(0)  # the server is gone: nothing left to serve
+            pool.submit(self._answer, mid, op, args)
+
+    def _answer(self, mid: int, op: str, args: tuple) -> None:
+        try:
+            if op == "tokenize":
+                value: Any = self.model.tokenize(*args)
+            elif op == "check_grammar":
+                check_grammar(self.model, *args)
+                value = None
+            elif op == "ping":
+                value = os.getpid()
+            else:
+                raise ValueError(f"unknown service call {op!r}")
+            reply = (mid, "ok", value)
+        except Exception as e:
+            reply = (mid, "err", f"{type(e).__name__}: {e}")
+        with self._svc_lock:
+            self.svc.send(reply)
+
+
+def main(argv: list[str]) -> int:
+    # The server decides when its workers stop (after saving their prefixes): a Ctrl-C or a
+    # SIGTERM sent to the whole process group is the server's to handle.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Where it died, in the log: each thread's Python stack on a fatal signal (the signal
+    # still ends the process), and on SIGUSR1, which the watchdog sends before its SIGKILL.
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    engine, service = Connection(int(argv[0])), Connection(int(argv[1]))
+    runner = Runner(engine, service, engine.recv())
+    t0 = time.monotonic()
+    try:
+        runner.load()
+    except Exception as e:  # not a crash: the server reports it and does not restart
+        engine.send(("failed", str(e)))
+        return 0
+    log.info("worker %d ready in %.1f s", os.getpid(), time.monotonic() - t0)
+    runner.serve()
+    return 0
