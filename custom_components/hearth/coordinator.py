@@ -11,6 +11,7 @@ from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, Upda
 
 from .api import HearthClient, HearthError, InvalidAuth
 from .const import DOMAIN, LOGGER, QUEUE_SCAN_INTERVAL
+from .worker import failed_workers
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -33,10 +34,12 @@ class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
             update_interval=timedelta(seconds=QUEUE_SCAN_INTERVAL),
         )
         self.client = client
+        # The models whose worker had failed at the last poll: warned about once.
+        self.failed_workers: set[str] = set()
 
     async def _async_update_data(self) -> dict[str, Any]:
         try:
-            return await self.client.async_queue()
+            data = await self.client.async_queue()
         except InvalidAuth as err:
             raise ConfigEntryAuthFailed(
                 translation_domain=DOMAIN, translation_key="invalid_auth"
@@ -47,3 +50,20 @@ class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
                 translation_key="cannot_connect",
                 translation_placeholders={"url": self.client.url, "error": str(err)},
             ) from err
+        self._warn_failed_workers(data)
+        return data
+
+    def _warn_failed_workers(self, data: dict[str, Any]) -> None:
+        """Log once when a model's worker fails (and once when it serves again), not on
+        every poll."""
+        failed = failed_workers(data)
+        for model in sorted(failed.keys() - self.failed_workers):
+            LOGGER.warning(
+                "The worker process of model %s on the Hearth server at %s failed (%s); "
+                "the server keeps trying to restart it",
+                model, self.client.url, failed[model],
+            )
+        for model in sorted(self.failed_workers - failed.keys()):
+            LOGGER.info("The worker process of model %s on the Hearth server at %s is no "
+                        "longer failed", model, self.client.url)
+        self.failed_workers = set(failed)

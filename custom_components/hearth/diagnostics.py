@@ -8,6 +8,8 @@ from homeassistant.components.diagnostics import async_redact_data
 from homeassistant.const import CONF_API_KEY, CONF_PROMPT
 from homeassistant.core import HomeAssistant
 
+from .worker import worker_of
+
 if TYPE_CHECKING:
     from . import HearthConfigEntry
 
@@ -20,6 +22,8 @@ async def async_get_config_entry_diagnostics(
 ) -> dict[str, Any]:
     """Return diagnostics for a config entry (the API key and the prompts redacted)."""
     data = entry.runtime_data
+    queue = data.coordinator.data
+    models = (queue or {}).get("models")
     return {
         "entry": {
             "title": entry.title,
@@ -35,8 +39,19 @@ async def async_get_config_entry_diagnostics(
             ],
         },
         "server": data.health,
-        "queue": data.coordinator.data,
+        "queue": queue,
         "queue_last_update_success": data.coordinator.last_update_success,
+        # The models' worker processes (state, CPU rung, restarts, the last crash's cause):
+        # also in the queue, gathered here for whoever reads why a model stopped answering.
+        "worker": {
+            "voice_model": worker_of(queue),
+            "models": {
+                name: info.get("worker")
+                for name, info in (models if isinstance(models, dict) else {}).items()
+                if isinstance(info, dict) and "worker" in info
+            },
+            "failed": sorted(data.coordinator.failed_workers),
+        },
         "jobs": {
             "events_connected": data.jobs.connected,
             "events_supported": data.jobs.events_supported,

@@ -15,9 +15,18 @@ from homeassistant.components.sensor import (
 from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+from homeassistant.helpers.typing import StateType
 
 from .const import INTERACTIVE_CLASSES, REQUEST_CLASSES
 from .entity import HearthServerEntity
+from .worker import (
+    WORKER_STATES,
+    boundary_overhead,
+    has_worker,
+    model_worker_attributes,
+    worker_attributes,
+    worker_state,
+)
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -69,8 +78,10 @@ def _voice_hit_rate(data: dict[str, Any]) -> float | None:
 class HearthSensorDescription(SensorEntityDescription):
     """Describes a Hearth queue sensor."""
 
-    value_fn: Callable[[dict[str, Any]], float | None]
+    value_fn: Callable[[dict[str, Any]], StateType]
     attributes_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Unavailable while this says no (the server does not report what the sensor reads).
+    available_fn: Callable[[dict[str, Any]], bool] | None = None
 
 
 def _voice_cache_attributes(data: dict[str, Any]) -> dict[str, Any]:
@@ -217,27 +228,73 @@ def _descriptions() -> list[HearthSensorDescription]:
 
 SENSORS: tuple[HearthSensorDescription, ...] = tuple(_descriptions())
 
+# The voice model's worker process: created once the server reports it (not by older servers,
+# nor for a remote voice model).
+WORKER_SENSORS: tuple[HearthSensorDescription, ...] = (
+    HearthSensorDescription(
+        key="worker",
+        translation_key="worker",
+        device_class=SensorDeviceClass.ENUM,
+        options=WORKER_STATES,
+        value_fn=worker_state,
+        attributes_fn=worker_attributes,
+        available_fn=has_worker,
+    ),
+    # Restarts after a crash over the server's lifetime (not "crashes": that counts only the
+    # last few crashes the server remembers); a server restart starts again at 0, which
+    # total_increasing reads as a new meter.
+    HearthSensorDescription(
+        key="worker_crashes",
+        translation_key="worker_crashes",
+        state_class=SensorStateClass.TOTAL_INCREASING,
+        entity_category=EntityCategory.DIAGNOSTIC,
+        value_fn=_path("worker", "restarts"),
+        available_fn=has_worker,
+    ),
+    # What running llama.cpp in another process costs per engine iteration.
+    HearthSensorDescription(
+        key="worker_boundary_overhead",
+        translation_key="worker_boundary_overhead",
+        device_class=SensorDeviceClass.DURATION,
+        native_unit_of_measurement=UnitOfTime.MICROSECONDS,
+        state_class=SensorStateClass.MEASUREMENT,
+        suggested_display_precision=0,
+        entity_category=EntityCategory.DIAGNOSTIC,
+        entity_registry_enabled_default=False,
+        value_fn=boundary_overhead,
+        available_fn=has_worker,
+    ),
+)
+
 
 async def async_setup_entry(
     hass: HomeAssistant,
     config_entry: HearthConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    """Set up the queue sensors on the server's device, and one sensor per model or remote
-    worker the server reports (more appear as the server reports more)."""
+    """Set up the queue sensors on the server's device, one sensor per model or remote
+    worker the server reports (more appear as the server reports more), and the voice model's
+    worker sensors once the server reports its worker."""
     async_add_entities(HearthQueueSensor(config_entry, description) for description in SENSORS)
     coordinator = config_entry.runtime_data.coordinator
     known: set[str] = set()
+    worker_added = False
 
     @callback
-    def add_models() -> None:
+    def add_new() -> None:
+        nonlocal worker_added
         new = [m for m in _models(coordinator.data) if m not in known]
         known.update(new)
         if new:
             async_add_entities(HearthModelSensor(config_entry, model) for model in new)
+        if not worker_added and has_worker(coordinator.data or {}):
+            worker_added = True
+            async_add_entities(
+                HearthQueueSensor(config_entry, description) for description in WORKER_SENSORS
+            )
 
-    add_models()
-    config_entry.async_on_unload(coordinator.async_add_listener(add_models))
+    add_new()
+    config_entry.async_on_unload(coordinator.async_add_listener(add_new))
 
 
 def _models(data: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -284,9 +341,10 @@ class HearthModelSensor(HearthServerEntity, SensorEntity):
 
     @property
     def extra_state_attributes(self) -> dict[str, Any] | None:
-        """Return what the server reports of the model."""
+        """Return what the server reports of the model (and of its worker process)."""
         info = self._info or {}
-        return {key: info[key] for key in MODEL_ATTRIBUTES if key in info} or None
+        attributes = {key: info[key] for key in MODEL_ATTRIBUTES if key in info}
+        return {**attributes, **model_worker_attributes(info)} or None
 
 
 class HearthQueueSensor(HearthServerEntity, SensorEntity):
@@ -302,7 +360,15 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
         self.entity_description = description
 
     @property
-    def native_value(self) -> float | None:
+    def available(self) -> bool:
+        """Unavailable while the server does not report what the sensor reads."""
+        available_fn = self.entity_description.available_fn
+        return super().available and (
+            available_fn is None or available_fn(self.coordinator.data or {})
+        )
+
+    @property
+    def native_value(self) -> StateType:
         """Return the value, or None when the server has no data for it."""
         return self.entity_description.value_fn(self.coordinator.data or {})
 

@@ -13,6 +13,22 @@ from aiohttp import web
 
 API_KEY = "hearth-test-key"
 
+# The voice model's worker process as /v1/queue reports it (top-level "worker"; each local
+# model's under "models" too); servers before the worker processes report no "worker".
+SAMPLE_WORKER: dict[str, Any] = {
+    "state": "serving",
+    "pid": 4242,
+    "cpu_rung": "native",
+    "cpu_variant": "native",
+    "rungs_skipped": [],
+    "restarts": 0,
+    "last_crash": None,
+    "crashes": 0,
+    "quarantined": 0,
+    "boundary": {"iterations": 301, "per_iteration_us": 440.2, "share_of_iteration": 0.0193},
+}
+SEGFAULT = "SIGSEGV: a segmentation fault"
+
 SAMPLE_QUEUE: dict[str, Any] = {
     "model": "fake-model",
     "policy": "hearth",
@@ -50,6 +66,7 @@ SAMPLE_QUEUE: dict[str, Any] = {
     "generated_tokens_total": 1000,
     "prompt_tokens_total": 5000,
     "jobs": {"queued": 2, "running": 1, "done": 7, "failed": 1, "cancelled": 0},
+    "worker": SAMPLE_WORKER,
 }
 
 
@@ -139,7 +156,36 @@ class FakeHearth:
                            "param": None, "code": None}},
                 status=self.health_status,
             )
-        return web.json_response({"status": "ready", "model": "fake-model", "version": "0.1.0"})
+        body: dict[str, Any] = {"status": "ready", "model": "fake-model", "version": "0.1.0"}
+        if (worker := self.queue.get("worker")) is not None:
+            body["cpu"] = {"variant": worker["cpu_variant"], "rung": worker["cpu_rung"],
+                           "rungs_skipped": worker["rungs_skipped"]}
+            if worker["state"] in ("restarting", "failed") and worker["last_crash"]:
+                body.update(status="degraded", reason=f"worker {worker['state']} after a "
+                            f"crash: {worker['last_crash']['cause']}")
+        return web.json_response(body)
+
+    @property
+    def worker(self) -> dict[str, Any]:
+        """The voice model's worker as /v1/queue reports it (a test may change it)."""
+        return self.queue["worker"]
+
+    def crash_worker(self, cause: str = SEGFAULT, *, during: str = "decode",
+                     requests_failed: int = 1, at: float = 1796248196.12) -> None:
+        """The voice model's worker dies: it restarts, with this crash as its last."""
+        worker = self.worker
+        worker.update(state="restarting", pid=None, crashes=worker["crashes"] + 1,
+                      last_crash={"at": at, "cause": cause, "during": during,
+                                  "rung": worker["cpu_rung"], "requests_failed": requests_failed,
+                                  "pid": worker["pid"]})
+
+    def set_worker_state(self, state: str) -> None:
+        """Set the worker's state; back to serving after a crash counts a restart."""
+        worker = self.worker
+        if state == "serving" and worker["state"] in ("restarting", "failed"):
+            worker.update(restarts=worker["restarts"] + 1,
+                          pid=((worker["last_crash"] or {}).get("pid") or 4242) + 1)
+        worker["state"] = state
 
     async def _models(self, request: web.Request) -> web.Response:
         if not self._authorized(request):

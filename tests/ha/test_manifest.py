@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from custom_components.hearth.const import GENERATION_CLASSES
-from custom_components.hearth.sensor import SENSORS
+from custom_components.hearth.sensor import SENSORS, WORKER_SENSORS
 
 pytestmark = pytest.mark.ha
 
@@ -47,7 +47,7 @@ def test_translations_cover_entities_and_actions() -> None:
     assert strings == _json("translations/en.json")
     sensors = strings["entity"]["sensor"]
     icons = _json("icons.json")
-    for description in SENSORS:
+    for description in (*SENSORS, *WORKER_SENSORS):
         assert description.translation_key in sensors
         assert description.translation_key in icons["entity"]["sensor"]
     assert "reachable" in strings["entity"]["binary_sensor"]
