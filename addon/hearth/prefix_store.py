@@ -156,8 +156,9 @@ class PrefixStore:
                      max(0.0, time.time() - float(fields["born"])), payload)
 
     def stats(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "files": len(self.on_disk),
-                "bytes": sum(self.on_disk.values()), "max_bytes": self.max_bytes,
+        on_disk = dict(self.on_disk)  # a copy: the writer thread changes it
+        return {"enabled": self.enabled, "files": len(on_disk),
+                "bytes": sum(on_disk.values()), "max_bytes": self.max_bytes,
                 "saves": self.saves, "skipped": self.skipped, "restored": self.restored,
                 "restore_ms": (round(1000 * self.restore_s, 1)
                                if self.restore_s is not None else None),

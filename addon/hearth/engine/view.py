@@ -29,7 +29,10 @@ class View:
                 waiting[x.cls] += 1
         for r in list(self.running):
             running[r.cls] += 1
-        return {"waiting": waiting, "running": running, **self.pool_view}
+        view = self.pool_view
+        if self.store is not None:  # live: the writer thread saves after the view was made
+            view = {**view, "prefix_cache": {**view["prefix_cache"], "store": self.store.stats()}}
+        return {"waiting": waiting, "running": running, **view}
 
     def _publish(self: EngineCore) -> None:
         """What other threads may read of the KV pool, the cost model and the counters: made
