@@ -141,7 +141,14 @@ def _models(fleet: Any):
                                 labels=["model"])
     running = GaugeMetricFamily("hearth_model_requests_running", "Sequences running on a "
                                 "model (on a remote: requests in flight)", labels=["model"])
+    serving = GaugeMetricFamily("hearth_worker_serving", "1 while a model's worker process "
+                                "serves (0 while it restarts after a crash)", labels=["model"])
+    restarts = CounterMetricFamily("hearth_worker_restarts", "Times a model's worker process "
+                                   "was restarted after it died", labels=["model"])
     for w in fleet.workers.values():
+        if (sup := getattr(w.rt, "supervisor", None)) is not None:
+            serving.add_metric([w.name], 1.0 if sup.state == "serving" else 0.0)
+            restarts.add_metric([w.name], sup.restarts)
         loaded.add_metric([w.name], 1.0 if w.rt.state == "ready" else 0.0)
         memory.add_metric([w.name], w.bytes)
         loads.add_metric([w.name], w.loads)
@@ -149,4 +156,4 @@ def _models(fleet: Any):
         if depth["waiting"] is not None:
             waiting.add_metric([w.name], depth["waiting"])
         running.add_metric([w.name], depth["running"])
-    yield from (loaded, memory, loads, waiting, running)
+    yield from (loaded, memory, loads, waiting, running, serving, restarts)

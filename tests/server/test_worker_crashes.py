@@ -137,6 +137,11 @@ def test_a_worker_killed_mid_stream_costs_only_that_stream(crashy, sig):
     assert max(t for _, _, t in watch.answers) < 1.0
     status, health = crashy.get("/health")
     assert health["status"] == "degraded" and sig.name in health["reason"]
+    with urllib.request.urlopen(crashy.url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert f'hearth_worker_restarts_total{{model="{health["model"]}"}} {after["restarts"]}.0' \
+        in metrics
+    assert f'hearth_worker_serving{{model="{health["model"]}"}} 1.0' in metrics
 
 
 def job_done_events(data_dir, job_id: str) -> int:

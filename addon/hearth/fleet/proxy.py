@@ -28,7 +28,8 @@ class Boundary:
 
     def report(self) -> dict[str, float | int]:
         n = self.iterations or 1
-        return {"iterations": self.iterations,
+        return {"iterations": self.iterations, "seconds": round(self.seconds, 4),
+                "overhead_s": round(self.overhead_s, 6),
                 "per_iteration_us": round(1e6 * self.overhead_s / n, 1),
                 "share_of_iteration": round(self.overhead_s / self.seconds, 4)
                 if self.seconds else 0.0}
