@@ -171,8 +171,6 @@ class Completion:
                 self.forced_call = True
                 try:
                     schema_grammar = self._schema_grammar(tool_call_schema(call_tools, only))
-                except SchemaTooLarge as e:
-                    raise too_large(e) from e
                 except ValueError as e:
                     raise CompletionError(400, f"invalid tool parameters schema: {e}",
                                           "invalid_tools", "tools") from e
@@ -194,8 +192,6 @@ class Completion:
                                       "response_format")
             try:
                 grammar = self._schema_grammar(schema, RESPONSE_SCHEMA)
-            except SchemaTooLarge as e:
-                raise too_large(e) from e
             except ValueError as e:
                 raise CompletionError(400, str(e), "invalid_response_format",
                                       "response_format") from e
@@ -207,24 +203,22 @@ class Completion:
         promise. One past Hearth's limits is a 400 all the same."""
         try:
             body = self._schema_grammar(tool_call_schema(tools))
-        except SchemaTooLarge as e:
-            raise too_large(e) from e
         except ValueError as e:
             log.info("tool calls left unconstrained: %s", e)
             return None
         self.trigger = LAZY_CALL_TRIGGER
         return wrap_grammar(body, "<tool_call>", "</tool_call>", repeat=True)
 
-    def _schema_grammar(self, schema: dict, field: str | None = None) -> str:
-        """GBNF for ``schema``, tried on llama.cpp now: one it refuses is this request's 400,
-        not a failure inside the engine loop. ``field`` names a schema as the request sent it,
-        checked against :mod:`.schema_limits` first; None for a tool call's, made from tools
-        and argument values :func:`check_limits` checked. Either way the grammar's own size
-        and nesting are checked before llama.cpp parses it (SchemaTooLarge)."""
-        if field is not None:
-            check_schema(schema, field)
+    def _schema_grammar(self, schema: dict, field: str = "tools") -> str:
+        """GBNF for ``schema`` (its source checked by :func:`check_limits` with the request),
+        tried on llama.cpp now: one it refuses is a ValueError for the caller to judge, not a
+        failure inside the engine loop. A grammar too large or nested too deep for llama.cpp's
+        parser is a 400 here, naming ``field``."""
         gbnf = json_schema_grammar(schema)
-        check_grammar_size(gbnf, field or "tools")
+        try:
+            check_grammar_size(gbnf, field)
+        except SchemaTooLarge as e:
+            raise too_large(e) from e
         self.rt.model.check_grammar(gbnf)  # in the worker: a crash there is its own
         return gbnf
 

@@ -70,9 +70,14 @@ INDEX_LEN = 16  # a shared prefix shorter than this is not worth a lookup
 
 
 class KVPool:
+    # What the pool has done over its life (not what it holds): kept by emptied().
+    COUNTERS = ("hits", "lookups", "hit_tokens", "lookup_tokens", "evictions", "lookups_by",
+                "hits_by", "packings", "warm_ups")
+
     def __init__(self, n_ctx: int, n_seq_max: int, max_entries: int, enabled: bool = True,
                  kept_cells: int = 0):
         self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
         self.policy = CachePolicy(kept_cells)
         self.free_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
         self.entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # LRU order
@@ -93,6 +98,15 @@ class KVPool:
         self.high_water = 0  # most cells in use at once since the cache was last packed
         self.packings = 0
         self.warm_ups = 0
+
+    def emptied(self) -> KVPool:
+        """This pool with no cells, sequences or entries (a new worker's KV cache is empty),
+        its counters kept."""
+        pool = KVPool(self.n_ctx, self.n_seq_max, self.max_entries,
+                      kept_cells=self.policy.kept_cells)
+        for name in self.COUNTERS:
+            setattr(pool, name, getattr(self, name))
+        return pool
 
     # -- accounting ------------------------------------------------------------------------
     @property

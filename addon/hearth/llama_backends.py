@@ -66,10 +66,9 @@ def cpu_variants() -> list[tuple[str, Path]]:
     return [(name, path) for _, name, path in sorted(scored, reverse=True)]
 
 
-def cpu_rungs(variants: list[str] | None = None) -> list[str]:
+def cpu_rungs() -> list[str]:
     """The ladder a worker walks down after a crash at start or an illegal instruction."""
-    names = variants if variants is not None else [n for n, _ in cpu_variants()]
-    names = names or ["native"]
+    names = [n for n, _ in cpu_variants()] or ["native"]
     return [names[0], *(n + NO_EXTRA for n in names)]
 
 

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..kvcache import KVPool
 from ..requests import Request
 
 if TYPE_CHECKING:
     from .base import WorkerLost
     from .core import EngineCore
-
-
-_COUNTERS = ("hits", "lookups", "hit_tokens", "lookup_tokens", "evictions", "lookups_by",
-             "hits_by", "packings", "warm_ups")
 
 
 class Recovery:
@@ -57,11 +52,7 @@ class Recovery:
             r.sampler = None  # made in the dead worker: a new one at admission
         for r in self.embed_waiting:  # nothing was streamed: computed again from the start
             r.meta.pop("_embedded", None)
-        old = self.pool
-        self.pool = KVPool(self.b.n_ctx, self.b.n_seq_max, old.max_entries,
-                           kept_cells=old.policy.kept_cells)
-        for name in _COUNTERS:  # the cache's history outlives the cells it held
-            setattr(self.pool, name, getattr(old, name))
+        self.pool = self.pool.emptied()  # the cache's history outlives the cells it held
         self._persisted = ()  # the next idle moment saves what the new worker holds
         self._admit_dirty = True
         self._publish()

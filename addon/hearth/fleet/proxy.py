@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine.base import WorkerLost
 from ..requests import SamplingParams, Utf8Decoder
 from .process import WorkerError, WorkerProcess
 
@@ -54,10 +53,6 @@ class ProcessBackend:
         self.n_seq_max, self.n_batch, self.n_ubatch = (info["n_seq_max"], info["n_batch"],
                                                        info["n_ubatch"])
         self._embed_limits = tuple(info["embed_limits"])
-
-    @property
-    def lost(self) -> WorkerLost | None:
-        return self.worker.lost
 
     def check(self) -> None:
         """Raise WorkerLost if the worker died while the engine was idle."""
