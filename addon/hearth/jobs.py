@@ -266,6 +266,8 @@ class JobRunner:
             running = self._tasks.get(job_id)
             if running and running[1] is not None:
                 running[1].cancel()
+            elif running:  # its completion is still being built (off the loop): never submit it
+                running[0].cancel()
             await self.notify()
         return job
 
