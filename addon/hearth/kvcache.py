@@ -18,7 +18,9 @@ The KV protocol, in three lines (the engine keeps it; :mod:`hearth.engine.admiss
 Cell accounting is exact: a sequence that shares a prefix counts only the cells it added. An
 entry is given up only while no running sequence shares it and at most one other entry does:
 that one then owns the cells it shared (the part its parent still holds stays shared with the
-parent), so no cell is ever counted twice.
+parent), so no cell is ever counted twice. An entry running sequences share only in part is cut
+to the part they share (a turn that shares a cached conversation's system prompt must not pin
+the whole conversation), so every cell no running sequence needs can be freed.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ INDEX_LEN = 16  # a shared prefix shorter than this is not worth a lookup
 class KVPool:
     # What the pool has done over its life (not what it holds): kept by emptied().
     COUNTERS = ("hits", "lookups", "hit_tokens", "lookup_tokens", "evictions", "lookups_by",
-                "hits_by", "packings", "warm_ups")
+                "hits_by", "packings", "warm_ups", "trims")
 
     def __init__(self, n_ctx: int, n_seq_max: int, max_entries: int, enabled: bool = True,
                  kept_cells: int = 0):
@@ -98,6 +100,7 @@ class KVPool:
         self.high_water = 0  # most cells in use at once since the cache was last packed
         self.packings = 0
         self.warm_ups = 0
+        self.trims = 0  # entries cut to the part running sequences share
 
     def emptied(self) -> KVPool:
         """This pool with no cells, sequences or entries (a new worker's KV cache is empty),
@@ -228,6 +231,80 @@ class KVPool:
                 return False
             entries += 1
         return entries <= 1
+
+    # -- freeing cells: whole entries, or the tails nobody shares ------------------------------
+    def needs(self, protect: dict[int, int], gone: frozenset[int] = frozenset()) -> dict[int, int]:
+        """How many first tokens of each entry must stay: what a running sequence (none whose
+        ``id`` is in ``gone``: about to be preempted) or a staying child entry shares of it, and
+        ``protect`` (seq id -> tokens). The rest of an entry's own cells can be freed: the
+        whole entry when nothing is needed, else its tail (:meth:`release_one`)."""
+        def depth(e: PrefixEntry) -> int:
+            n, x = 0, e.shared
+            while x is not None:
+                n, x = n + 1, x.shared
+            return n
+
+        need: dict[int, int] = {}
+        for e in sorted(self.entries.values(), key=depth, reverse=True):  # children first
+            n = protect.get(e.seq_id, 0)
+            for s in e.sharers:
+                if isinstance(s, PrefixEntry):
+                    n = max(n, min(need.get(s.seq_id, len(s.tokens)), len(s.tokens) - s.own))
+                elif id(s) not in gone:
+                    n = max(n, s.shared_len)
+            need[e.seq_id] = min(n, len(e.tokens))
+        return need
+
+    @staticmethod
+    def _spare(e: PrefixEntry, need: int) -> int:
+        """Own cells of ``e`` past its first ``need`` tokens."""
+        return min(e.own, len(e.tokens) - need)
+
+    def freeable(self, need: dict[int, int]) -> int:
+        """Cells that evicting and trimming entries down to ``need`` (:meth:`needs`) frees."""
+        return sum(self._spare(e, need[e.seq_id]) for e in self.entries.values())
+
+    def release_one(self, need: dict[int, int], wanted: frozenset[int] = frozenset(),
+                    kept: set[int] | frozenset[int] = frozenset()) -> tuple[int, int] | None:
+        """Free the cells of one entry beyond ``need``, in the policy's order: the whole entry
+        when none of it is needed, else its unshared tail (a turn sharing only the system
+        prompt of a cached conversation must not pin the whole conversation). Returns
+        ``(seq_id, keep)``: the caller clears the sequence's positions from ``keep`` on, and
+        gives the id back when ``keep`` is 0; None when nothing can be freed."""
+        cands = [e for e in self.entries.values() if self._spare(e, need[e.seq_id]) > 0
+                 and (self._trimmable(e, need[e.seq_id]) if need[e.seq_id] > 0
+                      else self.evictable(e))]
+        if not cands:
+            return None
+        e = self.policy.victim(cands, wanted, kept)
+        keep = need[e.seq_id]
+        if keep == 0:
+            self.evictions += 1
+            return self._remove(e), 0
+        self.trim(e, keep)
+        return e.seq_id, keep
+
+    @staticmethod
+    def _trimmable(e: PrefixEntry, keep: int) -> bool:
+        """Whether no child entry holds cells of ``e`` past ``keep`` now (a child not needed
+        goes first: its cells are freed only with it)."""
+        return all(len(s.tokens) - s.own <= keep for s in e.sharers
+                   if isinstance(s, PrefixEntry))
+
+    def trim(self, e: PrefixEntry, keep: int) -> None:
+        """Cut ``e`` to its first ``keep`` tokens (no sharer shares more); the caller clears
+        the cells past them."""
+        self.trims += 1
+        old = self._key(e.tokens) or ()
+        e.own -= self._spare(e, keep)
+        e.tokens = e.tokens[:keep]
+        new = self._key(e.tokens) or ()
+        if new != old:
+            bucket = self._index[old]
+            del bucket[e.seq_id]
+            if not bucket:
+                del self._index[old]
+            self._index.setdefault(new, {})[e.seq_id] = e
 
     def kept(self) -> set[int]:
         """Seq ids of the interactive entries within the kept budget (:mod:`.policy.cache`)."""

@@ -42,16 +42,18 @@ def _flood_then_voice(system_len: int, share: float, sizes: list[int], n_ctx: in
     core.submit(first)
     run_until(core, lambda: s1.done is not None)
     evicted_by_lower: list[int] = []
-    evict = core.pool.evict
+    free = core._free_cache
 
-    def watched(avoid=None, rank=None, wanted=frozenset()):
-        kept = core.pool.kept()
-        seq = evict(avoid=avoid, rank=rank, wanted=wanted)
-        if seq is not None and seq in kept and rank is not None and rank > 0:
-            evicted_by_lower.append(seq)
-        return seq
+    def watched(entry, hit, rank, wanted=None):
+        kept = {seq: len(core.pool.entries[seq].tokens) for seq in core.pool.kept()}
+        freed = free(entry, hit, rank, wanted)
+        if rank is not None and rank > 0:  # a kept entry gone or cut by a lower class
+            evicted_by_lower.extend(
+                seq for seq, n in kept.items()
+                if seq not in core.pool.entries or len(core.pool.entries[seq].tokens) < n)
+        return freed
 
-    core.pool.evict = watched
+    core._free_cache = watched
     flood = [request(b, "background", n, 8, seed=100 + i) for i, n in enumerate(sizes)]
     for r, _ in flood:
         core.submit(r)

@@ -42,7 +42,7 @@ class Admission:
                 self._preempt(victim, now)
             entry, hit = (self.pool.find(r.tokens) if self.cfg.prefix_cache else (None, 0))
             need = len(r.tokens) - hit + 1  # the uncached prompt and the first token's cell
-            fits = self._make_room(r, need, entry, now, r.rank)
+            fits = self._make_room(r, need, entry, now, r.rank, hit)
             if not fits and not self.running:
                 # Nothing else will ever free room: any prefix may go, its own hit too.
                 entry, hit, need = None, 0, len(r.tokens) + 1
@@ -85,25 +85,26 @@ class Admission:
             self.running.append(r)
 
     def _make_room(self, r: Request, need: int, entry: Any, now: float,
-                   rank: int | None) -> bool:
-        """Free ``need`` cells for ``r`` if that is possible without its hit ``entry``: cached
-        prefixes first (only as many as needed, in the pool's order, none a higher class than
-        ``rank`` is served by), then running sequences of a lower class, lowest and newest
-        first, and those only when they make enough room (preempting without admitting would
-        throw their work away)."""
+                   rank: int | None, hit: int = 0) -> bool:
+        """Free ``need`` cells for ``r`` if that is possible keeping the ``hit`` tokens of its
+        ``entry``: cached prefixes first (only as many as needed, in the pool's order, none a
+        higher class than ``rank`` is served by; of a prefix running sequences share in part,
+        the rest), then running sequences of a lower class, lowest and newest first, and those
+        only when they make enough room (preempting without admitting would throw their work
+        away)."""
         if self.pool.free_cells >= need:
             return True
         victims = self.policy.priority_victims(r, self.running, now)
-        keep = {id(entry)} | {id(x.shared) for x in self.running if x not in victims}
-        kept = self.pool.kept()
-        room = self.pool.free_cells + sum(
-            e.own for e in self.pool.entries.values()
-            if id(e) not in keep and self.pool.yields_to(e, rank, kept))
+        gone = frozenset(id(v) for v in victims)
+        # Counted exactly: the cells evicting and trimming would free once the victims are out
+        # (their own cells come back as prefixes nobody shares).
+        room = self.pool.free_cells + self.pool.freeable(self._cache_need(entry, hit, rank, gone))
         room += sum(self._cells_of(v) for v in victims)
         if room < need:
             return False
+        wanted = self._wanted()
         while self.pool.free_cells < need:
-            if self._evict_entry(avoid=entry, rank=rank):
+            if self._free_cache(entry, hit, rank, wanted):
                 continue
             victim = next((v for v in victims if v in self.running), None)
             if victim is None:
@@ -116,18 +117,46 @@ class Admission:
         """The cells preempting ``r`` gives back (once its kept prefix is given up too)."""
         return r.n_past - r.shared_len + r.reserved
 
-    def _evict_entry(self, avoid: Any, rank: int | None = None) -> bool:
-        """Give up one evictable cached prefix (not ``avoid``, none that serves a class above
-        ``rank``); whether one went."""
+    def _cache_need(self, entry: Any, hit: int, rank: int | None,
+                    gone: frozenset[int] = frozenset()) -> dict[int, int]:
+        """What of each cached prefix must stay (:meth:`KVPool.needs`): the ``hit`` tokens of
+        ``entry``, the whole of those a request of class ``rank`` may not give up, what running
+        sequences (but those in ``gone``) share."""
+        pool = self.pool
+        kept = pool.kept()
+        protect = {e.seq_id: len(e.tokens) for e in pool.entries.values()
+                   if not pool.yields_to(e, rank, kept)}
+        if entry is not None and entry.seq_id in pool.entries:
+            protect[entry.seq_id] = max(protect.get(entry.seq_id, 0), hit)
+        return pool.needs(protect, gone)
+
+    def _wanted(self) -> frozenset[int]:
+        """Seq ids of the entries waiting requests are about to use (given up last)."""
+        return frozenset(e.seq_id for w in self.waiting
+                         if (e := self.pool.find(w.tokens)[0]) is not None)
+
+    def _free_cache(self, entry: Any, hit: int, rank: int | None,
+                    wanted: frozenset[int] | None = None) -> bool:
+        """Free the cells of one cached prefix, or its tail running sequences do not share,
+        keeping what :meth:`_cache_need` keeps; whether any came free."""
         if not self.pool.entries:
             return False
-        wanted = frozenset(e.seq_id for w in self.waiting
-                           if (e := self.pool.find(w.tokens)[0]) is not None)
-        seq = self.pool.evict(avoid=avoid, rank=rank, wanted=wanted)
-        if seq is None:
+        need = self._cache_need(entry, hit, rank)
+        freed = self.pool.release_one(need, self._wanted() if wanted is None else wanted,
+                                      self.pool.kept())
+        if freed is None:
             return False
-        self._drop_seq(seq)
+        seq, keep = freed
+        if keep == 0:
+            self._drop_seq(seq)
+        else:
+            self.b.seq_rm(seq, keep, -1)
         return True
+
+    def _evict_entry(self, avoid: Any, rank: int | None = None) -> bool:
+        """Free one cached prefix's cells (not ``avoid``, none that serves a class above
+        ``rank``); whether any came free."""
+        return self._free_cache(avoid, len(avoid.tokens) if avoid is not None else 0, rank)
 
     def _drop_seq(self, seq: int) -> None:
         """Clear a sequence the pool gave up and hand its id back."""
