@@ -38,24 +38,54 @@ async def async_setup_entry(
         )
 
 
-def request_class_for(
-    policy: str, user_input: conversation.ConversationInput, chat_log: conversation.ChatLog
-) -> str:
+def request_class_for(policy: str, user_input: conversation.ConversationInput, heard: bool) -> str:
     """Pick the server class of a conversation turn.
 
-    ``auto``: ``voice`` when the turn comes from a voice pipeline or a satellite (it names a
-    satellite or device, or the pipeline listens to the chat log's deltas to speak them),
-    otherwise ``chat``.
+    ``auto``: ``voice`` when the turn was spoken: it names a satellite or a device, or it is
+    the intent stage of an Assist pipeline run that began with audio (``heard``: a browser's
+    or the companion app's microphone). Typed turns are ``chat``, also those of Home
+    Assistant's Assist dialog, whose pipeline runs listen to the chat log's deltas as a
+    voice pipeline's do: a delta listener says nothing about speech.
     """
     if policy and policy != CLASS_POLICY_AUTO:
         return policy
-    if (
-        getattr(user_input, "satellite_id", None)
-        or getattr(user_input, "device_id", None)
-        or getattr(chat_log, "delta_listener", None) is not None
-    ):
+    if getattr(user_input, "satellite_id", None) or getattr(user_input, "device_id", None):
         return "voice"
-    return "chat"
+    return "voice" if heard else "chat"
+
+
+# Pipeline event types (their values are stable across releases).
+_AUDIO_STAGE_STARTS = frozenset({"wake_word-start", "stt-start"})
+
+
+def started_from_audio(hass: HomeAssistant, user_input: conversation.ConversationInput) -> bool:
+    """Whether ``user_input`` is the intent stage, now running, of an Assist pipeline run that
+    began with a wake word or speech to text.
+
+    Read from the pipeline runs' event record, which Home Assistant keeps for the pipeline
+    debug view: the run whose open intent stage carries this text and conversation. A record
+    missing or shaped otherwise reads as not heard (the turn is then ``chat``).
+    """
+    debug = getattr(hass.data.get("assist_pipeline"), "pipeline_debug", None)
+    if not isinstance(debug, dict):
+        return False
+    for runs in debug.values():
+        for run in list(getattr(runs, "values", list)()):
+            heard = open_intent = False
+            for event in getattr(run, "events", ()):
+                kind = str(getattr(event, "type", ""))
+                data = getattr(event, "data", None) or {}
+                if kind in _AUDIO_STAGE_STARTS:
+                    heard = True
+                elif kind == "intent-start":
+                    open_intent = data.get("intent_input") == user_input.text and (
+                        data.get("conversation_id") == user_input.conversation_id
+                    )
+                elif kind == "intent-end":
+                    open_intent = False
+            if heard and open_intent:
+                return True
+    return False
 
 
 def warm_up_class_for(policy: str) -> str:
@@ -126,8 +156,11 @@ class HearthConversationEntity(
         except conversation.ConverseError as err:
             return err.as_conversation_result()
 
+        policy = options.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO)
         request_class = request_class_for(
-            options.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO), user_input, chat_log
+            policy,
+            user_input,
+            policy == CLASS_POLICY_AUTO and started_from_audio(self.hass, user_input),
         )
         if request_class == "voice" and user_input.device_id and self.warmer is not None:
             self.warmer.async_heard(user_input.device_id)

@@ -29,21 +29,21 @@ def _input(**kw: Any) -> SimpleNamespace:
 
 
 def test_request_class_and_fairness_key() -> None:
-    """auto: voice for satellites, devices and pipelines with a delta listener; else chat."""
-    quiet = SimpleNamespace(delta_listener=None)
-    listening = SimpleNamespace(delta_listener=lambda *a: None)
+    """auto: voice for satellites, devices and pipeline runs that began with audio; else
+    chat (a typed turn, whatever listens to its chat log)."""
     typed = _input(satellite_id=None, user_id="user-1")
-    assert request_class_for("auto", typed, quiet) == "chat"
+    assert request_class_for("auto", typed, False) == "chat"
     assert fairness_key_for(typed) == "user-1"
-    assert request_class_for("auto", typed, listening) == "voice"
+    assert request_class_for("auto", typed, True) == "voice"
     satellite = _input(satellite_id="assist_satellite.hall", user_id="user-1")
-    assert request_class_for("auto", satellite, quiet) == "voice"
+    assert request_class_for("auto", satellite, False) == "voice"
     assert fairness_key_for(satellite) == "assist_satellite.hall"
     # Home Assistant versions without satellite_id on the input.
     device = _input(device_id="dev-1")
-    assert request_class_for("auto", device, quiet) == "voice"
+    assert request_class_for("auto", device, False) == "voice"
     assert fairness_key_for(device) == "dev-1"
-    assert request_class_for("background", satellite, listening) == "background"
+    assert request_class_for("background", satellite, True) == "background"
+    assert request_class_for("chat", satellite, True) == "chat"
 
 
 def test_trim_history_keeps_whole_rounds() -> None:

@@ -216,8 +216,9 @@ async def test_tool_loop_is_bounded(
 async def _pipeline_turn(
     hass: HomeAssistant, agent_id: str, text: str
 ) -> tuple[conversation.ConversationResult, list[dict[str, Any]], conversation.Content]:
-    """A turn whose chat log streams to a listener, as a voice pipeline's does: the result,
-    the deltas the listener saw and the chat log's last entry."""
+    """A turn whose chat log streams to a listener, as every Assist pipeline run's does (the
+    typed dialog's too): the result, the deltas the listener saw and the chat log's last
+    entry."""
     deltas: list[dict[str, Any]] = []
     with (
         open_chat_session(hass) as session,
@@ -237,19 +238,19 @@ async def _pipeline_turn(
         return result, deltas, chat_log.content[-1]
 
 
-async def test_pipeline_turn_streams_at_voice_class(
+async def test_listened_turn_streams_and_stays_chat(
     hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
 ) -> None:
-    """A turn whose chat log has a delta listener (a voice pipeline) is voice, and the
-    answer reaches the listener piece by piece."""
+    """A turn whose chat log has a delta listener but no device (the typed Assist dialog)
+    is chat, and the answer reaches the listener piece by piece."""
     fake_hearth.chat_handler = lambda body: text_chunks("It is sunny and warm today.")
     agent_id = entity_of(hass, fake_entry, "conversation")
     result, deltas, _ = await _pipeline_turn(hass, agent_id, "How is the weather?")
 
     assert result.response.speech["plain"]["speech"] == "It is sunny and warm today."
     headers, body = fake_hearth.chat_requests[-1]
-    assert body["priority"] == "voice"
-    assert headers[CLASS_HEADER] == "voice"
+    assert body["priority"] == "chat"
+    assert headers[CLASS_HEADER] == "chat"
     pieces = [delta["content"] for delta in deltas if delta.get("content")]
     assert len(pieces) > 1
     assert "".join(pieces) == "It is sunny and warm today."
