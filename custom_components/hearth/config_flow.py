@@ -213,8 +213,8 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
             api_key = user_input.get(CONF_API_KEY)
             errors = await _async_validate(self.hass, entry.data[CONF_URL], api_key)
             if not errors:
-                return self.async_update_and_abort(
-                    entry, data=_entry_data(entry.data[CONF_URL], api_key)
+                return self._async_update_and_reload(
+                    entry, _entry_data(entry.data[CONF_URL], api_key)
                 )
         return self.async_show_form(
             step_id="reauth_confirm",
@@ -241,9 +241,7 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
                 api_key = user_input.get(CONF_API_KEY)
                 errors = await _async_validate(self.hass, url, api_key)
                 if not errors:
-                    return self.async_update_and_abort(
-                        entry, data=_entry_data(url, api_key)
-                    )
+                    return self._async_update_and_reload(entry, _entry_data(url, api_key))
         suggested = user_input or {
             CONF_URL: entry.data[CONF_URL],
             CONF_API_KEY: entry.data.get(CONF_API_KEY, ""),
@@ -255,6 +253,19 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
             ),
             errors=errors,
         )
+
+    def _async_update_and_reload(
+        self, entry: ConfigEntry, data: dict[str, Any]
+    ) -> ConfigFlowResult:
+        """Store the new connection data and have the entry set up again with it.
+
+        A loaded entry is reloaded by its update listener. An entry whose set-up failed
+        (a refused key, an unreachable URL) registered none: the flow reloads it itself,
+        so its agents and sensors come back without a restart.
+        """
+        if entry.update_listeners:
+            return self.async_update_and_abort(entry, data=data)
+        return self.async_update_reload_and_abort(entry, data=data)
 
     @classmethod
     @callback
