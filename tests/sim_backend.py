@@ -14,6 +14,7 @@ from hearth.requests import Request, SamplingParams
 from hearth.scheduler import PolicyConfig, class_rank
 
 EOG = 2
+POISON = 666_666  # a token whose batch llama_decode fails on
 
 
 class _Sampler:
@@ -48,6 +49,8 @@ class SimBackend(SampleAfterDecode):
         self.batches: list[dict] = []  # what each decode contained
         self.abort_requested = False
         self.refusals = 0  # decodes refused for want of cells (the KV protocol should prevent)
+        self.failures = 0  # decodes failed part-way (POISON)
+        self.flaky = 0  # the next decodes that fail after their first micro-batch
         self._outputs: dict[int, tuple[int, ...]] = {}  # output row -> context tokens
         self._ctx: dict[int, list[int]] = {}  # seq -> tokens by position
 
@@ -65,10 +68,22 @@ class SimBackend(SampleAfterDecode):
         if self.used + new > self.n_ctx:
             self.refusals += 1
             return 1
-        self.t += self.base + self.per_token * len(tokens)
-        self.batches.append({"n": len(tokens), "seqs": list(seqs), "t": self.t})
+        # A batch with a POISON token fails as a broken kernel would (llama_decode -3): the
+        # micro-batches before the one holding it stay in the cache, as llama.cpp leaves them.
+        status, upto = 0, len(tokens)
+        if POISON in tokens or self.flaky > 0:
+            status = -3
+            first = tokens.index(POISON) if POISON in tokens else min(len(tokens) - 1,
+                                                                      self.n_ubatch)
+            upto = first // self.n_ubatch * self.n_ubatch
+            self.failures += 1
+            self.flaky = max(0, self.flaky - 1)
+        self.t += self.base + self.per_token * upto
+        self.batches.append({"n": len(tokens), "seqs": list(seqs), "t": self.t,
+                             "status": status})
         self._outputs.clear()
-        for i, (tok, p, s, out) in enumerate(zip(tokens, pos, seqs, outputs, strict=True)):
+        for i, (tok, p, s, out) in enumerate(zip(tokens[:upto], pos, seqs, outputs,
+                                                 strict=False)):
             cells = self.cells.setdefault(s, {})
             ctx = self._ctx.setdefault(s, [])
             if p in cells:
@@ -78,7 +93,9 @@ class SimBackend(SampleAfterDecode):
             ctx.append(tok)
             if out:
                 self._outputs[i] = tuple(ctx)
-        return 0
+        if status:
+            self._outputs.clear()
+        return status
 
     def _new_cell(self) -> int:
         if self._free_cells:

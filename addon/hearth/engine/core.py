@@ -14,7 +14,8 @@ from ..requests import Event, Request, StopMatcher
 from ..scheduler import INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admission
-from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig, RequestError
+from .base import Backend, BatchItem, EngineConfig, RequestError
+from .batching import Batching
 from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embeddings
@@ -25,7 +26,7 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Embeddings, Compaction, Persistence, Recovery, View):
+class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recovery, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -47,6 +48,7 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, Recovery, View)
         self._inbox: deque[tuple[str, Any]] = deque()
         self._by_id: dict[int, Request] = {}
         self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
+        self._suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
@@ -222,59 +224,6 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, Recovery, View)
                     r.cancelled = True
                     self._finish(r, "cancelled", now)
 
-    # -- batching ---------------------------------------------------------------------------
-    def prefill_budget(self, n_decode: int, stretch: float = 1.0, decode_attended: int = 0,
-                       start: int = 0, interactive: bool = False) -> int:
-        """Prefill tokens, from position ``start`` of their sequence, that fit beside
-        ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
-        of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it)."""
-        cap = max(0, self.b.n_batch - n_decode)
-        someone_waits = any(r.rank <= INTERACTIVE_RANK for r in self.running + self.waiting)
-        if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound
-                                                and not someone_waits):
-            return cap
-        target = self.cfg.latency_target_s
-
-        def within(seconds: float) -> int:
-            return self.cost.tokens_within(seconds, beside=n_decode,
-                                           beside_attended=decode_attended, start=start, cap=cap)
-
-        n = within(stretch * target)
-        if n < self.cfg.min_prefill_chunk:
-            # Not even a minimum chunk fits the target beside these streams (on a CPU a small
-            # batch costs nearly as much per token as a decode). Someone waiting for this
-            # prompt gets what fits in the voice stretch: the streams wait not much longer
-            # than for a minimum chunk, and the prompt goes several times faster. Work no one
-            # waits for keeps to the minimum chunk, and the streams' cadence.
-            n = max(self.cfg.min_prefill_chunk,
-                    within(VOICE_PREFILL_STRETCH * target) if interactive else 0)
-        return min(cap, n)  # never past the batch's room, which would fail the decode
-
-    def _build_batch(self, now: float) -> list[BatchItem]:
-        items: list[BatchItem] = []
-        decoding = [r for r in self.running if r.remaining == 1]
-        for r in self.policy.decode_order(decoding):
-            items.append(BatchItem(r, r.n_past, 1, True))
-        prefilling, large = self.policy.prefill_plan(
-            self.policy.order([r for r in self.running if r.remaining > 1], now))
-        if not prefilling:  # a decode-only iteration: no budget to search for
-            return items
-        if large and not items:  # no stream to hold up: the whole batch
-            budget = self.b.n_batch
-        else:  # beside running streams: one latency target, or a few for large chunks
-            head = prefilling[0]
-            budget = self.prefill_budget(
-                len(items), VOICE_PREFILL_STRETCH if large else 1.0,
-                sum(attention(1, r.n_past) for r in decoding), head.n_past,
-                head.rank <= INTERACTIVE_RANK)
-        for r in prefilling:
-            if budget <= 0:
-                break
-            n = min(r.remaining, budget)
-            items.append(BatchItem(r, r.n_past, n, n == r.remaining))
-            budget -= n
-        return items
-
     def _decode(self, items: list[BatchItem]) -> None:
         tokens: list[int] = []
         pos: list[int] = []
@@ -308,6 +257,8 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, Recovery, View)
         self.last_iteration = {"tokens": len(tokens), "prefill": prefill_tokens,
                                "seconds": t1 - t0, "status": status}
         if status == 0:
+            if self._suspects and self._suspects[0] is items[0].req:
+                self._suspects.pop(0)  # it decoded alone: not the one that fails
             self.cost.observe(len(tokens), t1 - t0, attended)
             self._after_decode(items, sampled, t1)
         elif status == 1:
@@ -316,8 +267,7 @@ class EngineCore(Admission, Embeddings, Compaction, Persistence, Recovery, View)
             self.stats.aborted_iterations += 1
             self._after_abort(items)
         else:
-            for it in items:
-                self._fail(it.req, f"llama_decode failed with status {status}", t1)
+            self._decode_failed(items, status, t1)
 
     def _after_decode(self, items: list[BatchItem], sampled: list[int], now: float) -> None:
         prompt_done = generated = 0

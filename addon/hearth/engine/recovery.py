@@ -1,19 +1,52 @@
-"""When the backend's process dies (part of :class:`~hearth.engine.core.EngineCore`): its KV
-cache and samplers are gone with it. What was being computed is handed back to be answered;
+"""When a decode fails or the backend's process dies (part of
+:class:`~hearth.engine.core.EngineCore`). A failed decode is undone and its sequences retried
+one at a time, so only one that fails alone is answered with an error. A dead process's KV
+cache and samplers are gone with it: what was being computed is handed back to be answered;
 what had not begun waits for the next worker."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ..requests import Request
 
 if TYPE_CHECKING:
-    from .base import WorkerLost
+    from .base import BatchItem, WorkerLost
     from .core import EngineCore
+
+log = logging.getLogger("hearth.engine")
+
+# Decodes a suspect gets alone before its failure is taken for its own: one more than a
+# transient failure (an allocation on a busy device) takes.
+SOLO_TRIES = 2
 
 
 class Recovery:
+    def _decode_failed(self: EngineCore, items: list[BatchItem], status: int,
+                       now: float) -> None:
+        """llama_decode failed part-way (a kernel, an allocation): the micro-batches it
+        finished stay in the KV cache, counted nowhere. Clear them, so the accounting stays the
+        cache's, and let the batch's sequences decode alone, one at a time, until each has once
+        (:meth:`~hearth.engine.batching.Batching._suspect_batch`): a transient failure costs
+        no stream, and the one that fails alone is the one answered with the error."""
+        log.warning("llama_decode failed with status %d for a batch of %d sequences", status,
+                    len(items))
+        self._admit_dirty = True
+        for it in items:
+            if it.req.seq_id is not None:
+                self.b.seq_rm(it.req.seq_id, it.start, -1)
+        reqs = list({id(it.req): it.req for it in items}.values())
+        if len(reqs) == 1 and self._suspects and self._suspects[0] is reqs[0]:
+            r = reqs[0]
+            r.meta["_failed_alone"] = r.meta.get("_failed_alone", 0) + 1
+            if r.meta["_failed_alone"] >= SOLO_TRIES:
+                self._suspects.pop(0)
+                self._fail(r, f"llama_decode failed with status {status}", now)
+            return
+        if not self._suspects:
+            self._suspects = sorted(reqs, key=lambda r: (r.rank, r.arrival, r.id))
+
     def worker_lost(self: EngineCore, why: WorkerLost) -> tuple[list[Request], list[Request]]:
         """Forget the dead worker's state. Returns the requests it was serving (running,
         preempted after they began answering, the embedding request under way, the one whose
@@ -47,6 +80,7 @@ class Recovery:
             self.policy.user_left(r.user)
             self.stats.record_finished(r, now)
         self.running = []
+        self._suspects = []
         self._embedding = None
         for r in self.waiting:
             r.sampler = None  # made in the dead worker: a new one at admission
