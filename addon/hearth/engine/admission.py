@@ -39,9 +39,14 @@ class Admission:
                     if self.policy.cfg.mode == "hearth":
                         continue  # a lower class behind it may not preempt either
                     break
-                self._preempt(victim, now)
+            else:
+                victim = None
             entry, hit = (self.pool.find(r.tokens) if self.cfg.prefix_cache else (None, 0))
             need = len(r.tokens) - hit + 1  # the uncached prompt and the first token's cell
+            if victim is not None:
+                if self._room(r, entry, hit, r.rank, now, victim) < need:
+                    break  # a slot without the cells: the victim's work would be lost for nothing
+                self._preempt(victim, now)
             fits = self._make_room(r, need, entry, now, r.rank, hit)
             if not fits and not self.running:
                 # Nothing else will ever free room: any prefix may go, its own hit too.
@@ -94,14 +99,9 @@ class Admission:
         away)."""
         if self.pool.free_cells >= need:
             return True
-        victims = self.policy.priority_victims(r, self.running, now)
-        gone = frozenset(id(v) for v in victims)
-        # Counted exactly: the cells evicting and trimming would free once the victims are out
-        # (their own cells come back as prefixes nobody shares).
-        room = self.pool.free_cells + self.pool.freeable(self._cache_need(entry, hit, rank, gone))
-        room += sum(self._cells_of(v) for v in victims)
-        if room < need:
+        if self._room(r, entry, hit, rank, now) < need:
             return False
+        victims = self.policy.priority_victims(r, self.running, now)
         wanted = self._wanted()
         while self.pool.free_cells < need:
             if self._free_cache(entry, hit, rank, wanted):
@@ -111,6 +111,19 @@ class Admission:
                 return False
             self._preempt(victim, now)
         return True
+
+    def _room(self, r: Request, entry: Any, hit: int, rank: int | None, now: float,
+              also: Request | None = None) -> int:
+        """The cells ``r`` could have, keeping ``hit`` tokens of ``entry``: free ones, those
+        evicting and trimming prefixes frees once the lower classes ``r`` may preempt (and
+        ``also``) are out, and theirs (they come back as prefixes nobody shares). Counted
+        exactly: a cell a staying sequence needs, through any chain of prefixes, is not room."""
+        victims = self.policy.priority_victims(r, self.running, now)
+        if also is not None and also not in victims:
+            victims = [*victims, also]
+        gone = frozenset(id(v) for v in victims)
+        return (self.pool.free_cells + sum(self._cells_of(v) for v in victims)
+                + self.pool.freeable(self._cache_need(entry, hit, rank, gone)))
 
     @staticmethod
     def _cells_of(r: Request) -> int:

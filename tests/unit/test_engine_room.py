@@ -1,0 +1,54 @@
+"""Room before preemption (simulated backend): a running request is preempted, for a slot or
+for cells, only when that lets the request it is preempted for in. Otherwise its work is thrown
+away (or recomputed) and the other request waits all the same (issue 28, items 3 and 4)."""
+
+from __future__ import annotations
+
+from sim_backend import SimBackend, make_core, request, run_until
+
+SYSTEM = [9000 + i for i in range(300)]
+
+
+def test_no_one_is_preempted_for_a_slot_when_the_cells_are_not_there_either():
+    """Every slot is taken and a voice prompt needs the cells a voice stream holds: the
+    background stream is not preempted for its slot (it used to be, and stalled, while the
+    voice request waited for the cells anyway)."""
+    b = SimBackend(n_ctx=1000, n_seq_max=6)
+    core, _ = make_core("hearth", n_parallel=2, backend=b, prefix_cache_entries=2)
+    v1, s1 = request(b, "voice", 700, 20, seed=1)
+    bg, sbg = request(b, "background", 100, 200, seed=2)
+    core.submit(v1)
+    core.submit(bg)
+    run_until(core, lambda: v1.n_generated > 0 and bg.n_generated > 0)
+    v2, s2 = request(b, "voice", 500, 5, seed=3)
+    core.submit(v2)
+    run_until(core, lambda: s1.done is not None)
+    assert bg.preemptions == 0
+    run_until(core, lambda: s2.done is not None and sbg.done is not None)
+    assert s2.done.kind == "done" and sbg.done.kind == "done"
+
+
+def test_cells_a_running_turn_needs_through_a_cached_child_are_not_counted_as_room():
+    """A cached system prompt whose cells a cached conversation shares, which a running chat
+    turn continues: giving the system prompt up frees only what the conversation does not
+    share. Counting all of it, a chat prompt preempted a background job that could not make
+    enough room and waited anyway."""
+    b = SimBackend(n_ctx=1000, n_seq_max=8)
+    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
+    for seed, n in ((1, 10), (2, 110)):  # the system prompt + 10; a conversation on it
+        r, s = request(b, "chat", n, 1, seed=seed, prefix=SYSTEM)
+        core.submit(r)
+        run_until(core, lambda s=s: s.done is not None)
+    conversation = next(e for e in core.pool.entries.values() if e.shared is not None)
+    turn, st_ = request(b, "chat", 20, 200, seed=3, prefix=conversation.tokens)
+    bg, sbg = request(b, "background", 100, 300, seed=4)
+    core.submit(turn)
+    core.submit(bg)
+    run_until(core, lambda: turn.n_generated > 0 and bg.n_generated > 0)
+    chat, sc = request(b, "chat", 700, 5, seed=5)
+    core.submit(chat)
+    run_until(core, lambda: st_.done is not None)  # the turn's cells are what the chat needs
+    assert bg.preemptions == 0 and chat.seq_id is None
+    run_until(core, lambda: sc.done is not None and sbg.done is not None)
+    assert all(s.done.kind == "done" for s in (st_, sbg, sc))
+    assert core.pool.used_cells == b.used and b.refusals == 0
