@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
@@ -14,13 +13,11 @@ from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
-from homeassistant.helpers.json import json_dumps
 from homeassistant.helpers.update_coordinator import CoordinatorEntity
-from homeassistant.util import slugify
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .compat import device_link, exposed_names, schema_to_openapi, tool_result_message
+from .compat import device_link, exposed_names, schema_to_openapi
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -35,6 +32,13 @@ from .const import (
     MODEL_CLASS_DEFAULT,
 )
 from .coordinator import HearthQueueCoordinator
+from .messages import (
+    convert_all,
+    convert_content,
+    format_response_format,
+    transform_stream,
+    trim_history,
+)
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -66,7 +70,7 @@ class HearthServerEntity(CoordinatorEntity[HearthQueueCoordinator]):
         self._attr_device_info = server_device_info(entry)
 
 
-# Conversion between Home Assistant's chat log and OpenAI-style chat messages.
+# The tools of a chat log as the server takes them.
 
 
 def _format_tool(
@@ -145,158 +149,6 @@ def warm_up_body(
     }
 
 
-def _strict_schema(schema: dict[str, Any]) -> None:
-    """Make a JSON schema fit OpenAI's strict structured-output rules, in place.
-
-    Every object property becomes required (optional ones may be null instead) and no other
-    properties are allowed.
-    """
-    schema_type = schema.get("type")
-    if schema_type == "object":
-        schema.setdefault("additionalProperties", False)
-        properties = schema.get("properties")
-        if not properties:
-            return
-        required = schema.setdefault("required", [])
-        for name, prop in properties.items():
-            _strict_schema(prop)
-            if name not in required:
-                if isinstance(prop.get("type"), str):
-                    prop["type"] = [prop["type"], "null"]
-                required.append(name)
-    elif schema_type == "array" and isinstance(schema.get("items"), dict):
-        _strict_schema(schema["items"])
-
-
-def format_response_format(
-    name: str, structure: vol.Schema, llm_api: llm.APIInstance | None
-) -> dict[str, Any]:
-    """Return the ``response_format`` that asks the server for JSON matching ``structure``."""
-    schema = schema_to_openapi(
-        structure, llm_api.custom_serializer if llm_api else llm.selector_serializer
-    )
-    _strict_schema(schema)
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": slugify(name) or "result", "schema": schema, "strict": True},
-    }
-
-
-def convert_content(content: conversation.Content) -> dict[str, Any]:
-    """Convert one chat-log entry into an OpenAI chat message."""
-    if isinstance(content, conversation.ToolResultContent):
-        return {
-            "role": "tool",
-            "tool_call_id": content.tool_call_id,
-            "content": json_dumps(tool_result_message(content)),
-        }
-    if isinstance(content, conversation.AssistantContent):
-        message: dict[str, Any] = {"role": "assistant", "content": content.content or ""}
-        if tool_calls := getattr(content, "tool_calls", None):
-            message["tool_calls"] = [
-                {
-                    "id": tool_call.id,
-                    "type": "function",
-                    "function": {
-                        "name": tool_call.tool_name,
-                        "arguments": json_dumps(tool_call.tool_args),
-                    },
-                }
-                for tool_call in tool_calls
-                if not getattr(tool_call, "external", False)
-            ] or None
-            if message["tool_calls"] is None:
-                del message["tool_calls"]
-        return message
-    if isinstance(content, conversation.UserContent):
-        # Attachments become content parts in async_add_attachments (it reads files).
-        return {"role": "user", "content": content.content}
-    if isinstance(content, conversation.SystemContent):
-        return {"role": "system", "content": content.content}
-    raise TypeError(f"Unexpected content type: {type(content)}")
-
-
-def trim_history(messages: list[dict[str, Any]], max_history: int) -> list[dict[str, Any]]:
-    """Keep the system prompt and the last ``max_history`` rounds before the current one.
-
-    A round starts at a user message, so a tool call is never cut from its result.
-    """
-    if max_history < 1:
-        return messages
-    user_indexes = [i for i, message in enumerate(messages) if message["role"] == "user"]
-    # The last user message is the one being answered; keep max_history rounds before it.
-    if len(user_indexes) <= max_history + 1:
-        return messages
-    start = user_indexes[-(max_history + 1)]
-    head = [message for message in messages[:1] if message["role"] == "system"]
-    return [*head, *messages[start:]]
-
-
-def _parse_arguments(raw: str) -> dict[str, Any]:
-    """Decode tool-call arguments, dropping empty values small models like to add."""
-    if not raw.strip():
-        return {}
-    try:
-        args = json.loads(raw)
-    except ValueError:
-        LOGGER.warning("The model produced tool arguments that are not JSON: %s", raw)
-        return {}
-    if not isinstance(args, dict):
-        return {}
-    return {key: value for key, value in args.items() if value not in (None, "")}
-
-
-async def transform_stream(
-    chunks: AsyncIterator[dict[str, Any]],
-) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
-    """Turn OpenAI chat-completion chunks into chat-log deltas.
-
-    Text is passed on as it arrives (so a voice pipeline can start speaking); tool calls are
-    assembled from their fragments and handed over when the stream ends.
-    """
-    yield {"role": "assistant"}
-    calls: dict[int, dict[str, str]] = {}
-    async for chunk in chunks:
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            # The server's reasoning_content is thinking to Home Assistant: shown, never spoken.
-            if thinking := delta.get("reasoning_content"):
-                yield {"thinking_content": thinking}
-            if content := delta.get("content"):
-                yield {"content": content}
-            for fragment in delta.get("tool_calls") or ():
-                index = fragment.get("index")
-                if not isinstance(index, int):
-                    index = len(calls)
-                call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-                if fragment.get("id"):
-                    call["id"] = fragment["id"]
-                function = fragment.get("function") or {}
-                if function.get("name"):
-                    call["name"] += function["name"]
-                if function.get("arguments"):
-                    arguments = function["arguments"]
-                    call["arguments"] += (
-                        arguments if isinstance(arguments, str) else json.dumps(arguments)
-                    )
-    if calls:
-        tool_calls = []
-        for index in sorted(calls):
-            call = calls[index]
-            if not call["name"]:
-                continue
-            extra = {"id": call["id"]} if call["id"] else {}
-            tool_calls.append(
-                llm.ToolInput(
-                    tool_name=call["name"],
-                    tool_args=_parse_arguments(call["arguments"]),
-                    **extra,
-                )
-            )
-        if tool_calls:
-            yield {"tool_calls": tool_calls}
-
-
 class HearthBaseLLMEntity(Entity):
     """Base of the conversation and AI Task entities of one subentry."""
 
@@ -363,7 +215,7 @@ class HearthBaseLLMEntity(Entity):
             )
 
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
-        messages = _convert_all(chat_log.content)
+        messages = convert_all(chat_log.content)
         await async_add_attachments(self.hass, chat_log.content, messages)
         messages = trim_history(messages, max_history)
 
@@ -395,7 +247,3 @@ class HearthBaseLLMEntity(Entity):
 
             if not chat_log.unresponded_tool_results:
                 break
-
-
-def _convert_all(contents: Iterable[conversation.Content]) -> list[dict[str, Any]]:
-    return [convert_content(content) for content in contents]

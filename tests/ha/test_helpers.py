@@ -12,8 +12,8 @@ from homeassistant.core import Context
 
 from custom_components.hearth.api import iter_sse, normalize_url
 from custom_components.hearth.conversation import fairness_key_for, request_class_for
-from custom_components.hearth.entity import transform_stream, trim_history
 from custom_components.hearth.jobs import job_event_data, job_result_text
+from custom_components.hearth.messages import transform_stream, trim_history
 
 from .conftest import deprecation_reports
 

@@ -1,0 +1,207 @@
+"""Conversion between Home Assistant's chat log and the server's OpenAI-style chat messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Any
+
+import voluptuous as vol
+from homeassistant.components import conversation
+from homeassistant.helpers import llm
+from homeassistant.helpers.json import json_dumps
+from homeassistant.util import slugify
+
+from .compat import schema_to_openapi, tool_result_message
+from .const import LOGGER
+
+
+def _strict_schema(schema: dict[str, Any]) -> None:
+    """Make a JSON schema fit OpenAI's strict structured-output rules, in place.
+
+    Every object property becomes required (optional ones may be null instead) and no other
+    properties are allowed.
+    """
+    schema_type = schema.get("type")
+    if schema_type == "object":
+        schema.setdefault("additionalProperties", False)
+        properties = schema.get("properties")
+        if not properties:
+            return
+        required = schema.setdefault("required", [])
+        for name, prop in properties.items():
+            _strict_schema(prop)
+            if name not in required:
+                if isinstance(prop.get("type"), str):
+                    prop["type"] = [prop["type"], "null"]
+                required.append(name)
+    elif schema_type == "array" and isinstance(schema.get("items"), dict):
+        _strict_schema(schema["items"])
+
+
+def format_response_format(
+    name: str, structure: vol.Schema, llm_api: llm.APIInstance | None
+) -> dict[str, Any]:
+    """Return the ``response_format`` that asks the server for JSON matching ``structure``."""
+    schema = schema_to_openapi(
+        structure, llm_api.custom_serializer if llm_api else llm.selector_serializer
+    )
+    _strict_schema(schema)
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": slugify(name) or "result", "schema": schema, "strict": True},
+    }
+
+
+def convert_content(content: conversation.Content) -> dict[str, Any]:
+    """Convert one chat-log entry into an OpenAI chat message."""
+    if isinstance(content, conversation.ToolResultContent):
+        return {
+            "role": "tool",
+            "tool_call_id": content.tool_call_id,
+            "content": json_dumps(tool_result_message(content)),
+        }
+    if isinstance(content, conversation.AssistantContent):
+        message: dict[str, Any] = {"role": "assistant", "content": content.content or ""}
+        if tool_calls := getattr(content, "tool_calls", None):
+            message["tool_calls"] = [
+                {
+                    "id": tool_call.id,
+                    "type": "function",
+                    "function": {
+                        "name": tool_call.tool_name,
+                        "arguments": json_dumps(tool_call.tool_args),
+                    },
+                }
+                # Also the calls Home Assistant made itself (``external``: a command its local
+                # intents handled, a sentence trigger): their results follow in the log.
+                for tool_call in tool_calls
+            ]
+        return message
+    if isinstance(content, conversation.UserContent):
+        # Attachments become content parts in async_add_attachments (it reads files).
+        return {"role": "user", "content": content.content}
+    if isinstance(content, conversation.SystemContent):
+        return {"role": "system", "content": content.content}
+    raise TypeError(f"Unexpected content type: {type(content)}")
+
+
+def trim_history(messages: list[dict[str, Any]], max_history: int) -> list[dict[str, Any]]:
+    """Keep the system prompt and the last ``max_history`` rounds before the current one.
+
+    A round starts at a user message, so a tool call is never cut from its result.
+    """
+    if max_history < 1:
+        return messages
+    user_indexes = [i for i, message in enumerate(messages) if message["role"] == "user"]
+    # The last user message is the one being answered; keep max_history rounds before it.
+    if len(user_indexes) <= max_history + 1:
+        return messages
+    start = user_indexes[-(max_history + 1)]
+    head = [message for message in messages[:1] if message["role"] == "system"]
+    return [*head, *messages[start:]]
+
+
+def _parse_arguments(raw: str) -> dict[str, Any]:
+    """Decode tool-call arguments, dropping empty values small models like to add."""
+    if not raw.strip():
+        return {}
+    try:
+        args = json.loads(raw)
+    except ValueError:
+        LOGGER.warning("The model produced tool arguments that are not JSON: %s", raw)
+        return {}
+    if not isinstance(args, dict):
+        return {}
+    return {key: value for key, value in args.items() if value not in (None, "")}
+
+
+async def transform_stream(
+    chunks: AsyncIterator[dict[str, Any]],
+) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
+    """Turn OpenAI chat-completion chunks into chat-log deltas.
+
+    Text is passed on as it arrives (so a voice pipeline can start speaking); tool calls are
+    assembled from their fragments and handed over when the stream ends.
+    """
+    yield {"role": "assistant"}
+    calls: dict[int, dict[str, str]] = {}
+    async for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            # The server's reasoning_content is thinking to Home Assistant: shown, never spoken.
+            if thinking := delta.get("reasoning_content"):
+                yield {"thinking_content": thinking}
+            if content := delta.get("content"):
+                yield {"content": content}
+            for fragment in delta.get("tool_calls") or ():
+                index = fragment.get("index")
+                if not isinstance(index, int):
+                    index = len(calls)
+                call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                if fragment.get("id"):
+                    call["id"] = fragment["id"]
+                function = fragment.get("function") or {}
+                if function.get("name"):
+                    call["name"] += function["name"]
+                if function.get("arguments"):
+                    arguments = function["arguments"]
+                    call["arguments"] += (
+                        arguments if isinstance(arguments, str) else json.dumps(arguments)
+                    )
+    if calls:
+        tool_calls = []
+        for index in sorted(calls):
+            call = calls[index]
+            if not call["name"]:
+                continue
+            extra = {"id": call["id"]} if call["id"] else {}
+            tool_calls.append(
+                llm.ToolInput(
+                    tool_name=call["name"],
+                    tool_args=_parse_arguments(call["arguments"]),
+                    **extra,
+                )
+            )
+        if tool_calls:
+            yield {"tool_calls": tool_calls}
+
+
+def convert_all(contents: Iterable[conversation.Content]) -> list[dict[str, Any]]:
+    return paired_tool_messages([convert_content(content) for content in contents])
+
+
+def paired_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history with every tool call right before its result and every result right after
+    its call.
+
+    A call without a result (a turn that ended in an error) or a result without its call is
+    left out: chat templates that check the pairing, and remote OpenAI-style workers, refuse
+    such a history. An assistant message left with neither text nor calls goes too.
+    """
+    paired: list[dict[str, Any]] = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        index += 1
+        if message["role"] == "tool":
+            continue  # a result whose call is not right before it
+        if message["role"] != "assistant" or "tool_calls" not in message:
+            paired.append(message)
+            continue
+        results = []
+        while index < len(messages) and messages[index]["role"] == "tool":
+            results.append(messages[index])
+            index += 1
+        called = {call["id"] for call in message["tool_calls"]}
+        results = [r for r in results if r.get("tool_call_id") in called]
+        answered = {r["tool_call_id"] for r in results}
+        calls = [call for call in message["tool_calls"] if call["id"] in answered]
+        message = {key: value for key, value in message.items() if key != "tool_calls"}
+        if calls:
+            message["tool_calls"] = calls
+        elif not message.get("content"):
+            continue
+        paired.append(message)
+        paired.extend(results)
+    return paired

@@ -1,0 +1,105 @@
+"""The history a turn sends: every tool call right before its result, also the calls Home
+Assistant's local intents made in the same conversation; no orphans either way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from homeassistant.components import conversation
+from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
+from homeassistant.const import STATE_ON
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
+
+from custom_components.hearth.messages import paired_tool_messages
+
+from .conftest import FakeHearth, entity_of, text_chunks
+
+pytestmark = pytest.mark.ha
+
+
+def assert_paired(messages: list[dict[str, Any]]) -> None:
+    """Each tool message answers a call of the assistant message before its run of tool
+    messages, and each call is answered there."""
+    calls: set[str] = set()
+    for message in messages:
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in calls, messages
+            calls.discard(message["tool_call_id"])
+            continue
+        assert not calls, f"unanswered calls {calls}: {messages}"
+        calls = {call["id"] for call in message.get("tool_calls") or ()}
+    assert not calls, messages
+
+
+async def test_local_intent_call_sent_with_its_result(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    hass_admin_user: MockUser,
+) -> None:
+    """A command Home Assistant's own intents handled, then a turn to the Hearth agent in the
+    same conversation: the model sees the local call and its result as a pair."""
+    assert await async_setup_component(hass, "intent", {})
+    assert await async_setup_component(
+        hass, "input_boolean", {"input_boolean": {"kitchen_light": {"name": "Kitchen light"}}}
+    )
+    await hass.async_block_till_done()
+    async_expose_entity(hass, "conversation", "input_boolean.kitchen_light", True)
+    context = Context(user_id=hass_admin_user.id)
+
+    local = await conversation.async_converse(
+        hass, "turn on the kitchen light", None, context,
+        agent_id=conversation.HOME_ASSISTANT_AGENT,
+    )
+    assert hass.states.get("input_boolean.kitchen_light").state == STATE_ON
+    assert fake_hearth.chat_requests == []
+
+    fake_hearth.chat_handler = lambda body: text_chunks("It is on.")
+    await conversation.async_converse(
+        hass, "Is it on now?", local.conversation_id, context,
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+    messages = fake_hearth.chat_requests[-1][1]["messages"]
+    assert_paired(messages)
+    [local_call] = [
+        call for message in messages for call in message.get("tool_calls") or ()
+    ]
+    assert local_call["function"]["name"] == "HassTurnOn"
+    index = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
+    assert messages[index + 1]["role"] == "tool"
+    assert messages[index + 1]["tool_call_id"] == local_call["id"]
+    assert messages[-1] == {"role": "user", "content": "Is it on now?"}
+
+
+def test_orphans_are_left_out() -> None:
+    """A call without its result (a turn that ended in an error) and a result without its
+    call are dropped; a pair, and the text around, stay."""
+    pair_call = {"id": "a", "type": "function", "function": {"name": "T", "arguments": "{}"}}
+    lost_call = {**pair_call, "id": "b"}
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "", "tool_calls": [pair_call, lost_call]},
+        {"role": "tool", "tool_call_id": "a", "content": "{}"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "u2"},
+        {"role": "tool", "tool_call_id": "x", "content": "{}"},
+        {"role": "assistant", "content": "", "tool_calls": [lost_call]},
+        {"role": "assistant", "content": "Error: boom"},
+        {"role": "user", "content": "u3"},
+    ]
+    paired = paired_tool_messages(messages)
+    assert_paired(paired)
+    assert paired == [
+        messages[0],
+        messages[1],
+        {"role": "assistant", "content": "", "tool_calls": [pair_call]},
+        messages[3],
+        messages[4],
+        messages[5],
+        messages[8],
+        messages[9],
+    ]
