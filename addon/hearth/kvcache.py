@@ -43,6 +43,7 @@ class PrefixEntry:
     hits: int = 0
     rank: int = 99  # the best class that left it or was served by it (see policy.cache)
     born: float = 0.0  # when its first tokens were cached (engine clock)
+    resume: bool = False  # a preempted request's work, until it is used again
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -179,6 +180,7 @@ class KVPool:
         has served; the hit rate counts the request once (``count``: its first admission, not a
         resumption)."""
         if entry is not None and hit > 0:
+            entry.resume = False
             self.entries.move_to_end(entry.seq_id)
             entry.hits += 1
             entry.rank = min(entry.rank, rank)
@@ -192,15 +194,17 @@ class KVPool:
                 self.hits_by[rank] += 1
 
     def insert(self, seq_id: int, tokens: list[int], own: int, shared: PrefixEntry | None,
-               rank: int = 99, now: float = 0.0) -> list[int]:
+               rank: int = 99, now: float = 0.0, resume: bool = False) -> list[int]:
         """Keep the cells of a sequence a request of class ``rank`` left as a cached prefix.
         Returns seq ids the caller must clear (``seq_rm``) and give back: entries this one
-        supersedes, and overflow past ``max_entries``."""
+        supersedes, and overflow past ``max_entries``. A preempted request's work
+        (``resume``) stays past the cap: its sequence id was taken already, and the request
+        resumes from it (the engine frees an id when it needs one: :meth:`evict`)."""
         drop: list[int] = []
         if self.max_entries == 0:
             return [seq_id]
         entry = PrefixEntry(seq_id=seq_id, tokens=tokens, own=own, shared=shared, rank=rank,
-                            born=now)
+                            born=now, resume=resume)
         if shared is not None:
             shared.sharers.add(entry)
         for e in list(self._candidates(tokens)):
@@ -213,7 +217,7 @@ class KVPool:
                 entry.born = min(entry.born, e.born)
                 drop.append(self._remove(e))
         self._add(entry)
-        while len(self.entries) > self.max_entries:
+        while len(self.entries) > self.max_entries and not resume:
             seq = self.evict(avoid=entry, rank=rank)
             if seq is None:  # all in use: the newest (shared by nothing yet) goes instead
                 drop.append(self._remove(entry))

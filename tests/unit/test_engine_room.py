@@ -52,3 +52,27 @@ def test_cells_a_running_turn_needs_through_a_cached_child_are_not_counted_as_ro
     run_until(core, lambda: sc.done is not None and sbg.done is not None)
     assert all(s.done.kind == "done" for s in (st_, sbg, sc))
     assert core.pool.used_cells == b.used and b.refusals == 0
+
+
+def test_preempted_work_keeps_its_cells_past_the_entry_cap():
+    """The cache holds its cap of voice prefixes (kept against lower classes) when a long
+    summary is preempted for a voice turn: its computed cells stay as a prefix past the cap
+    (its sequence id was its own already), so it resumes without recomputing its prompt (it
+    recomputed all 3,005 tokens with most of the pool free)."""
+    b = SimBackend(n_ctx=20_000, n_seq_max=1 + 4)
+    core, _ = make_core("hearth", n_parallel=1, backend=b, prefix_cache_entries=4)
+    for i in range(4):
+        v, sv = request(b, "voice", 40, 2, seed=10 + i, prefix=[9000 + 100 * i])
+        core.submit(v)
+        run_until(core, lambda sv=sv: sv.done is not None)
+    assert len(core.pool.entries) == 4
+    summary, ss = request(b, "background", 3000, 40, seed=1)
+    core.submit(summary)
+    run_until(core, lambda: summary.n_generated >= 5)
+    turn, st_ = request(b, "voice", 30, 4, seed=2)
+    core.submit(turn)
+    run_until(core, lambda: st_.done is not None and ss.done is not None)
+    assert summary.preemptions == 1 and st_.done.kind == "done" and ss.done.kind == "done"
+    assert summary.prefilled_tokens <= summary.n_prompt + 1, "its computed cells were kept"
+    assert core.pool.used_cells == b.used and b.refusals == 0
+    assert len(core.pool.entries) <= 4 + 1

@@ -64,6 +64,8 @@ class Admission:
                 if self.pool.free_cells < need:
                     break
             seq = self.pool.take_id()
+            if seq is None and self._free_id(entry, r.rank):
+                seq = self.pool.take_id()
             if seq is None:
                 break
             self.waiting.remove(r)
@@ -171,6 +173,15 @@ class Admission:
         ``rank``); whether any came free."""
         return self._free_cache(avoid, len(avoid.tokens) if avoid is not None else 0, rank)
 
+    def _free_id(self, entry: Any, rank: int) -> bool:
+        """Every sequence id is taken (preempted work is kept past the entry cap): give up one
+        cached prefix, not ``entry``, that a request of class ``rank`` may give up."""
+        seq = self.pool.evict(avoid=entry, rank=rank, wanted=self._wanted())
+        if seq is None:
+            return False
+        self._drop_seq(seq)
+        return True
+
     def _drop_seq(self, seq: int) -> None:
         """Clear a sequence the pool gave up and hand its id back."""
         self.b.seq_rm(seq)
@@ -269,7 +280,7 @@ class Admission:
         if r.shared is not None:
             r.shared.sharers.discard(r)
         for seq in self.pool.insert(r.seq_id, r.tokens[: r.n_past], own, shared,  # type: ignore[arg-type]
-                                    rank=r.cache_rank, now=self.b.now()):
+                                    rank=r.cache_rank, now=self.b.now(), resume=not r.finished):
             self._drop_seq(seq)
         r.seq_id, r.shared, r.shared_len = None, None, 0
 

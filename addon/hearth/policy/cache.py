@@ -6,8 +6,8 @@ Voice and chat entries are *kept* against lower classes within a budget of cells
 pool): a background summary or an embedding job may not evict them to make room, however many
 one-off prompts an evening brings. Past the budget, and for the engine itself (the pool is
 needed for running work), they go like any other entry. Among the entries a request may evict,
-the order is: entries outside the budget first, entries no waiting request is about to use,
-entries that never served a hit, then least recently used.
+the order is: a preempted request's work last, then entries outside the budget first, entries
+no waiting request is about to use, entries that never served a hit, then least recently used.
 """
 
 from __future__ import annotations
@@ -53,4 +53,5 @@ class CachePolicy:
     @staticmethod
     def victim(cands_lru: list[Any], wanted: frozenset[int], kept: set[int]) -> Any:
         """The entry to give up first among ``cands_lru`` (least recently used first)."""
-        return min(cands_lru, key=lambda e: (e.seq_id in kept, e.seq_id in wanted, e.hits > 0))
+        return min(cands_lru, key=lambda e: (e.resume, e.seq_id in kept, e.seq_id in wanted,
+                                             e.hits > 0))
