@@ -10,203 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sqlite3
-import threading
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from .api_models import ChatCompletionRequest, EmbeddingRequest
 from .completions import CompletionError, check_limits
+from .job_store import JobQuotaError, JobStore
 from .scheduler import class_rank
 from .serving import completion, embeddings
 
 log = logging.getLogger(__name__)
-
-STATUSES = ("queued", "running", "done", "failed", "cancelled")
-FINAL = ("done", "failed", "cancelled")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    class TEXT NOT NULL,
-    tag TEXT,
-    status TEXT NOT NULL,
-    request TEXT NOT NULL,
-    result TEXT,
-    error TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL,
-    at REAL NOT NULL,
-    payload TEXT NOT NULL
-);
-"""
-
-
-class JobStore:
-    """Synchronous SQLite access; the runner calls it from a worker thread."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")  # a job acknowledged is a job kept
-            self._db.executescript(SCHEMA)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @staticmethod
-    def _job(row: sqlite3.Row, with_request: bool = False) -> dict[str, Any]:
-        job = {
-            "id": row["id"], "object": "job", "kind": row["kind"], "class": row["class"],
-            "tag": row["tag"], "status": row["status"], "created_at": row["created_at"],
-            "started_at": row["started_at"], "finished_at": row["finished_at"],
-            "attempts": row["attempts"],
-            "result": json.loads(row["result"]) if row["result"] else None,
-            "error": row["error"],
-        }
-        if with_request:
-            job["request"] = json.loads(row["request"])
-        return job
-
-    def _event(self, job_id: str) -> dict[str, Any]:
-        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
-        job = self._job(row)
-        cur = self._db.execute("INSERT INTO events (job_id, at, payload) VALUES (?, ?, ?)",
-                               (job_id, time.time(), json.dumps({"type": "job", "job": job})))
-        return {"seq": cur.lastrowid, **job}
-
-    def create(self, kind: str, cls: str, tag: str | None, request: dict[str, Any]
-               ) -> dict[str, Any]:
-        job_id = "job_" + uuid.uuid4().hex[:24]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT INTO jobs (id, kind, class, tag, status, request, created_at) "
-                "VALUES (?, ?, ?, ?, 'queued', ?, ?)",
-                (job_id, kind, cls, tag, json.dumps(request), time.time()))
-            ev = self._event(job_id)
-            self._db.execute("COMMIT")
-        return ev
-
-    def get(self, job_id: str, with_request: bool = False) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
-        return self._job(row, with_request) if row else None
-
-    def list(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        with self._lock:
-            if status:
-                rows = self._db.execute("SELECT * FROM jobs WHERE status=? ORDER BY created_at "
-                                        "DESC LIMIT ?", (status, limit)).fetchall()
-            else:
-                rows = self._db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?",
-                                        (limit,)).fetchall()
-        return [self._job(r) for r in rows]
-
-    def next_queued(self, limit: int) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM jobs WHERE status='queued' ORDER BY "
-                                    "created_at LIMIT ?", (limit,)).fetchall()
-        return [self._job(r, with_request=True) for r in rows]
-
-    def _transition(self, job_id: str, to: str, frm: tuple[str, ...], **fields: Any
-                    ) -> dict[str, Any] | None:
-        """Move a job between states atomically, with its event; None if it was not in
-        ``frm`` (e.g. cancelled meanwhile) — this is what makes a result land exactly once."""
-        sets = ", ".join(f"{k}=?" for k in fields)
-        marks = ",".join("?" * len(frm))
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            cur = self._db.execute(
-                f"UPDATE jobs SET status=?{', ' + sets if sets else ''} "
-                f"WHERE id=? AND status IN ({marks})",
-                (to, *fields.values(), job_id, *frm))
-            if cur.rowcount != 1:
-                self._db.execute("ROLLBACK")
-                return None
-            ev = self._event(job_id)
-            self._db.execute("COMMIT")
-        return ev
-
-    def start(self, job_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            self._db.execute("UPDATE jobs SET attempts=attempts+1 WHERE id=?", (job_id,))
-        return self._transition(job_id, "running", ("queued",), started_at=time.time())
-
-    def finish(self, job_id: str, result: dict[str, Any]) -> dict[str, Any] | None:
-        return self._transition(job_id, "done", ("running",), result=json.dumps(result),
-                                finished_at=time.time())
-
-    def fail(self, job_id: str, error: str) -> dict[str, Any] | None:
-        return self._transition(job_id, "failed", ("running", "queued"), error=error,
-                                finished_at=time.time())
-
-    def cancel(self, job_id: str) -> dict[str, Any] | None:
-        return self._transition(job_id, "cancelled", ("queued", "running"),
-                                finished_at=time.time())
-
-    def requeue(self, job_id: str) -> dict[str, Any] | None:
-        return self._transition(job_id, "queued", ("running",), started_at=None)
-
-    def requeue_running(self) -> int:
-        with self._lock:
-            ids = [r["id"] for r in self._db.execute(
-                "SELECT id FROM jobs WHERE status='running'").fetchall()]
-        for job_id in ids:
-            self.requeue(job_id)
-        return len(ids)
-
-    def events_after(self, seq: int, limit: int = 500) -> list[tuple[int, str]]:
-        with self._lock:
-            rows = self._db.execute("SELECT seq, payload FROM events WHERE seq>? ORDER BY seq "
-                                    "LIMIT ?", (seq, limit)).fetchall()
-        return [(r["seq"], r["payload"]) for r in rows]
-
-    def last_event(self) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT MAX(seq) AS s FROM events").fetchone()
-        return row["s"] or 0
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")
-            got = {r["status"]: r["n"] for r in rows}
-        return {s: got.get(s, 0) for s in STATUSES}
-
-    def purge(self, older_than_s: float) -> int:
-        edge = time.time() - older_than_s
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            n = self._db.execute("DELETE FROM jobs WHERE status IN ('done','failed','cancelled') "
-                                 "AND finished_at < ?", (edge,)).rowcount
-            self._db.execute("DELETE FROM events WHERE at < ?", (edge,))
-            self._db.execute("COMMIT")
-        return n
-
-    def integrity_check(self) -> str:
-        with self._lock:
-            return self._db.execute("PRAGMA integrity_check").fetchone()[0]
-
 
 MAX_LOST_RUNS = 3
 # Errors after which a durable job waits its turn and runs again.
@@ -229,6 +45,10 @@ class JobRunner:
         self._tasks: dict[str, tuple[asyncio.Task, Any]] = {}  # a job and its completion
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
+        # Finished jobs go while the server runs, not only at start: a few sweeps per
+        # retention period, at least one a minute.
+        self.sweep_s = min(60.0, max(0.5, retention_s / 4))
+        self._swept = time.monotonic()
 
     async def start(self) -> None:
         n = await asyncio.to_thread(self.store.requeue_running)
@@ -255,7 +75,10 @@ class JobRunner:
 
     async def submit(self, kind: str, cls: str, tag: str | None, request: dict[str, Any]
                      ) -> dict[str, Any]:
-        job = await asyncio.to_thread(self.store.create, kind, cls, tag, request)
+        try:
+            job = await asyncio.to_thread(self.store.create, kind, cls, tag, request)
+        except JobQuotaError as e:
+            raise CompletionError(e.status, e.message, e.code, None, e.retry_after) from e
         self._wake.set()
         await self.notify()
         return job
@@ -285,9 +108,13 @@ class JobRunner:
                         await self.notify()
                         task = asyncio.create_task(self._run(job))
                         self._tasks[job["id"]] = (task, None)
+                if time.monotonic() - self._swept >= self.sweep_s:
+                    self._swept = time.monotonic()
+                    if n := await asyncio.to_thread(self.store.purge, self.retention_s):
+                        log.info("removed %d finished job(s) past their retention", n)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                    await asyncio.wait_for(self._wake.wait(), timeout=min(1.0, self.sweep_s))
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep the runner alive whatever one round hits

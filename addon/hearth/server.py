@@ -16,9 +16,11 @@ from aiohttp import ClientSession, web
 
 from . import __version__, discovery
 from .api import ollama
+from .api.guard import Guard
 from .api.http import (
     CLOSING,
     FLEET,
+    GUARD,
     JOBS,
     MAX_BODY,
     METRICS,
@@ -32,7 +34,8 @@ from .api.http import (
 from .api.names import listed, with_model
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
 from .fleet.fleet import Fleet
-from .jobs import STATUSES, JobRunner, JobStore, validate_job_request
+from .job_store import STATUSES, JobStore
+from .jobs import JobRunner, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
 from .openapi import build as build_openapi
 from .runtime import Runtime
@@ -242,7 +245,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY)
     fleet = Fleet(settings, runtime)
     app[FLEET] = fleet
-    store = JobStore(Path(settings.data_dir) / "jobs.sqlite3")
+    app[GUARD] = Guard(settings.allowed_hosts, settings.allowed_origins, own_names=[settings.host])
+    store = JobStore(Path(settings.data_dir) / "jobs.sqlite3", max_active=settings.job_queue_max,
+                     max_bytes=settings.job_store_max_mb * 1_000_000,
+                     max_request_bytes=settings.job_request_max_kb * 1_000)
     app[JOBS] = JobRunner(store, fleet, concurrency=max(2, settings.n_parallel),
                           retention_s=settings.job_retention_hours * 3600)
     app[METRICS] = Metrics(fleet)

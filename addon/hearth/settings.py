@@ -87,6 +87,13 @@ class Settings(BaseModel):
                      addon=False)
     port: int = _opt(8080, "TCP port", addon=False, ge=1, le=65535)
     api_key: str = _opt("", "require 'Authorization: Bearer <key>' on every endpoint but /health")
+    allowed_hosts: str = _opt(
+        "", "more names the server answers to, comma-separated, beyond IP addresses, "
+        "localhost, single-label names and .local/.lan/.internal/.home.arpa names ('*' = any; "
+        "other names are refused against DNS rebinding)")
+    allowed_origins: str = _opt(
+        "", "web origins (https://host:port) whose pages may call the API, comma-separated "
+        "('*' = any); other cross-site requests are refused")
 
     # Model
     model: str = _opt("", "GGUF: a path, a file name under models_dir, or an https:// URL; "
@@ -160,6 +167,13 @@ class Settings(BaseModel):
 
     # Jobs
     job_retention_hours: float = _opt(24.0, "how long finished jobs are kept", gt=0)
+    job_queue_max: int = _opt(500, "most jobs queued or running; more are refused with 429",
+                              ge=1)
+    job_request_max_kb: int = _opt(1024, "most kB of one job's request; larger jobs are "
+                                   "refused with 413", ge=1)
+    job_store_max_mb: int = _opt(256, "most MB the job store keeps (requests, results, "
+                                 "events); new jobs are refused with 429 until finished ones "
+                                 "expire", ge=1)
 
     # Logging
     verbose: bool = _opt(False, "show llama.cpp's native log", addon=False)

@@ -6,6 +6,10 @@ Two output styles are understood:
   before them is content). Hearth's tools-in-system-prompt fallback asks for this style.
 - Llama 3.x JSON: the whole answer is ``{"name": "f", "parameters": {...}}`` (optionally after
   ``<|python_tag|>``; several separated by ``;`` or newlines).
+- A fenced block (```` ```json ... ``` ````) holding such JSON, as small instruct models often
+  write a call; only when every object in it names one of the request's tools.
+
+Parsing is linear in the output's length: model output is whatever a prompt made it write.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+FENCE = "```"
+_FENCE_OPEN = re.compile(r"```[A-Za-z]*[ \t]*\n?")  # ```json, ```JSON, ``` …
 
 
 def _call(name: str, args: Any) -> dict[str, Any]:
@@ -64,19 +69,12 @@ def parse_tool_calls(text: str, names: set[str] | None = None
                      ) -> tuple[str, list[dict[str, Any]]]:
     """Split model output into (content, tool_calls). Unparseable calls stay content."""
     if OPEN in text:
-        calls = []
-        for m in _HERMES.finditer(text):
-            try:
-                obj = json.loads(m.group(1))
-            except ValueError:
-                return text, []
-            call = _as_call(obj, names)
-            if call is None:
-                return text, []
-            calls.append(call)
-        content = _HERMES.sub("", text).strip()
-        return content, calls
+        return _hermes_calls(text, names)
     body = text.strip()
+    if names and FENCE in body:
+        fenced = _fenced_calls(body, names)
+        if fenced is not None:
+            return fenced
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG):]
     if body.startswith("{"):
@@ -88,47 +86,99 @@ def parse_tool_calls(text: str, names: set[str] | None = None
     return text, []
 
 
+def _hermes_calls(text: str, names: set[str] | None) -> tuple[str, list[dict[str, Any]]]:
+    """``<tool_call>…</tool_call>`` blocks (the last may lack its close), found with str.find:
+    a regex with lazy groups between whitespace runs backtracks quadratically."""
+    calls, content, pos = [], [], 0
+    while (at := text.find(OPEN, pos)) >= 0:
+        content.append(text[pos:at])
+        start = at + len(OPEN)
+        end = text.find(CLOSE, start)
+        body = text[start:] if end < 0 else text[start:end]
+        pos = len(text) if end < 0 else end + len(CLOSE)
+        try:
+            call = _as_call(json.loads(body), names)
+        except ValueError:
+            return text, []
+        if call is None:
+            return text, []
+        calls.append(call)
+    content.append(text[pos:])
+    return "".join(content).strip(), calls
+
+
+def _fenced_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]] | None:
+    """A fenced block that holds only calls of the request's tools, at the end of the answer
+    (text before it stays content); None when the answer is anything else."""
+    at = body.rfind(FENCE, 0, len(body) - len(FENCE)) if body.endswith(FENCE) else -1
+    if at < 0:
+        return None
+    m = _FENCE_OPEN.match(body, at)
+    if m is None:
+        return None
+    objs = _json_objects(body[m.end():len(body) - len(FENCE)])
+    if not objs:
+        return None
+    calls = [_as_call(o, names) for o in objs]
+    if any(c is None for c in calls):
+        return None
+    return body[:at].strip(), calls  # type: ignore[return-value]
+
+
 class ToolStream:
     """Streams content while watching for tool calls: text before a call streams at once;
-    from the first sign of a call the rest is held and parsed when generation ends."""
+    from the first sign of a call the rest is held and parsed when generation ends. With tool
+    names to match, a code fence is such a sign too (a call the model fenced). Linear in the
+    output: held text is kept as parts, joined once."""
 
     def __init__(self, names: set[str] | None):
         self.names = names
-        self.held = ""
+        self.markers = (OPEN, FENCE) if names else (OPEN,)
+        self.blank: list[str] = []  # leading whitespace, held until the first visible text
+        self.held = ""  # a tail that may still grow into a marker
+        self.captured: list[str] = []  # from the first sign of a call on
         self.capturing = False
         self.seen_text = False
 
     def feed(self, text: str) -> str:
         if self.capturing:
-            self.held += text
+            self.captured.append(text)
             return ""
-        buf, self.held = self.held + text, ""
         if not self.seen_text:
-            lead = buf.lstrip()
-            if lead.startswith(("{", PYTHON_TAG, OPEN)):
-                self.capturing = True  # the answer opens as a call (JSON style or Hermes)
-                self.held = buf
+            lead = (self.held + text).lstrip()
+            if not lead:
+                self.blank.append(text)
                 return ""
-            if not lead or PYTHON_TAG.startswith(lead) or OPEN.startswith(lead):
-                self.held = buf  # may still become a marker
+            buf = "".join(self.blank) + self.held + text
+            self.blank, self.held = [], ""
+            if lead.startswith(("{", PYTHON_TAG, *self.markers)):
+                self.capturing = True  # the answer opens as a call (JSON style or Hermes)
+                self.captured = [buf]
+                return ""
+            if any(m.startswith(lead) for m in (PYTHON_TAG, *self.markers)):
+                self.blank, self.held = [buf[:len(buf) - len(lead)]], lead  # may become one
                 return ""
             self.seen_text = True
-        at = buf.find(OPEN)
-        if at >= 0:
+        else:
+            buf, self.held = self.held + text, ""
+        found = [at for m in self.markers if (at := buf.find(m)) >= 0]
+        if found:
             self.capturing = True
-            self.held = buf[at:]
-            return buf[:at]
-        keep = 0  # a tail that may still grow into <tool_call>
-        for k in range(min(len(OPEN) - 1, len(buf)), 0, -1):
-            if buf.endswith(OPEN[:k]):
-                keep = k
-                break
+            self.captured = [buf[min(found):]]
+            return buf[:min(found)]
+        keep = 0
+        for m in self.markers:
+            for k in range(min(len(m) - 1, len(buf)), keep, -1):
+                if buf.endswith(m[:k]):
+                    keep = k
+                    break
         self.held = buf[len(buf) - keep:]
         return buf[: len(buf) - keep]
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """(remaining content, tool calls) once generation has ended."""
-        held, self.held = self.held, ""
+        held = "".join(self.blank) + self.held + "".join(self.captured)
+        self.blank, self.held, self.captured = [], "", []
         if not held:
             return "", []
         return parse_tool_calls(held, self.names)

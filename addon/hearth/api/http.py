@@ -19,6 +19,7 @@ from ..fleet.fleet import Fleet
 from ..jobs import JobRunner
 from ..metrics import Metrics
 from ..scheduler import class_rank
+from .guard import Guard
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,14 @@ FLEET = web.AppKey("fleet", Fleet)
 JOBS = web.AppKey("jobs", JobRunner)
 METRICS = web.AppKey("metrics", Metrics)
 CLOSING = web.AppKey("closing", asyncio.Event)
+GUARD = web.AppKey("guard", Guard)
 MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = {"/health", "/"}
 OLLAMA_PREFIX = "/api/"
 
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable"}
+_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
 def error_response(status: int, message: str, code: str | None = None,
@@ -56,6 +58,8 @@ async def errors_and_auth(request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                           ) -> web.StreamResponse:
     ollama = request.path.startswith(OLLAMA_PREFIX)
+    if (refusal := _refused_by_guard(request, ollama)) is not None:
+        return refusal
     key = request.app[FLEET].settings.api_key
     if key and request.path not in OPEN_PATHS:
         given = request.headers.get("Authorization", "")
@@ -78,6 +82,31 @@ async def errors_and_auth(request: web.Request,
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal server error", "internal_error", ollama=ollama)
+
+
+def _refused_by_guard(request: web.Request, ollama: bool) -> web.Response | None:
+    """A browser's cross-site request or a rebinding page's, or a body that is not JSON."""
+    guard = request.app[GUARD]
+    host = request.headers.get("Host")
+    if not guard.host_allowed(host):
+        shown = (host or "")[:100]
+        log.warning("refused %s %s for Host %r (not a local name; see allowed_hosts)",
+                    request.method, request.path, shown)
+        return error_response(403, f"Host {shown!r} is not one of this "
+                              "server's names; add it to allowed_hosts", "host_not_allowed",
+                              ollama=ollama)
+    origin = request.headers.get("Origin")
+    if not guard.origin_allowed(origin, host):
+        log.warning("refused a cross-site %s %s from Origin %r (see allowed_origins)",
+                    request.method, request.path, origin[:100] if origin else origin)
+        return error_response(403, "cross-site requests are not allowed; add the page's "
+                              "origin to allowed_origins", "origin_not_allowed", ollama=ollama)
+    has_body = request.body_exists or bool(request.content_length)
+    if not guard.json_body_allowed(request.method, request.headers.get("Content-Type", ""),
+                                   has_body):
+        return error_response(415, "send the body as JSON with 'Content-Type: "
+                              "application/json'", "unsupported_media_type", ollama=ollama)
+    return None
 
 
 def validation_error(e: ValidationError, prefix: str = "") -> ApiError:
