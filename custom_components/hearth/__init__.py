@@ -15,7 +15,7 @@ from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
 
 from .api import HearthClient, HearthError, InvalidAuth, NotReady
-from .const import DOMAIN, LOGGER, MODEL_LOADING_RETRY_SECONDS
+from .const import DOMAIN, LOGGER
 from .coordinator import HearthQueueCoordinator
 from .entity import server_device_info
 from .jobs import HearthJobWatcher, pending_store
@@ -65,10 +65,12 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
             translation_domain=DOMAIN, translation_key="invalid_auth"
         ) from err
     except NotReady as err:
-        # The server is up and loading its model: try again soon rather than on the backoff.
-        not_ready = ConfigEntryNotReady(translation_domain=DOMAIN, translation_key="model_loading")
-        not_ready.retry_after = MODEL_LOADING_RETRY_SECONDS  # read by Home Assistant >= 2026.10
-        raise not_ready from err
+        # The server is up and loading its model. No retry_after: Home Assistant 2026.11 reads
+        # it as the least wait before the next try (its back-off stays the floor), so it could
+        # only delay the retry; the back-off starts at 5 s.
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN, translation_key="model_loading"
+        ) from err
     except HearthError as err:
         raise ConfigEntryNotReady(
             translation_domain=DOMAIN,

@@ -62,8 +62,6 @@ MAX_TOOL_ITERATIONS: Final = 10
 
 # Polling and timeouts (seconds).
 QUEUE_SCAN_INTERVAL: Final = 10
-# While the server answers 503 (model loading), set-up is retried this soon.
-MODEL_LOADING_RETRY_SECONDS: Final = 10
 REQUEST_TIMEOUT: Final = 10
 STREAM_READ_TIMEOUT: Final = 300
 # A warm-up is answered once its prompt is computed as background work: it may wait its turn.

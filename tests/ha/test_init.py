@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from unittest.mock import patch
 
 import pytest
@@ -21,7 +22,8 @@ from homeassistant.const import (
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import ConfigEntryNotReady
 from homeassistant.helpers import entity_registry as er
-from pytest_homeassistant_custom_component.common import MockConfigEntry
+from homeassistant.util import dt as dt_util
+from pytest_homeassistant_custom_component.common import MockConfigEntry, async_fire_time_changed
 from pytest_homeassistant_custom_component.components.diagnostics import (
     get_diagnostics_for_config_entry,
 )
@@ -29,7 +31,7 @@ from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
 import custom_components.hearth as hearth_init
 from custom_components.hearth import async_setup_entry
-from custom_components.hearth.const import CONF_PROMPT, DOMAIN, MODEL_LOADING_RETRY_SECONDS
+from custom_components.hearth.const import CONF_PROMPT, DOMAIN
 
 from .conftest import (
     API_KEY,
@@ -37,6 +39,7 @@ from .conftest import (
     FakeHearth,
     async_queue,
     async_setup_hearth,
+    async_wait_for,
     entity_of,
     sensor_of,
 )
@@ -151,11 +154,11 @@ async def test_agents_unavailable_while_unreachable(
     assert all(hass.states.get(agent).state != STATE_UNAVAILABLE for agent in agents)
 
 
-async def test_setup_retries_soon_while_the_model_loads(
+async def test_setup_retries_while_the_model_loads(
     hass: HomeAssistant, fake_hearth: FakeHearth
 ) -> None:
-    """A server that answers 503 (model loading) puts the entry into retry, with a short
-    retry delay and a message saying why."""
+    """A server that answers 503 (model loading) puts the entry into retry with a message
+    saying why, on Home Assistant's own back-off, and the entry loads once the model is."""
     fake_hearth.health_status = 503
     entry = MockConfigEntry(
         domain=DOMAIN, data={CONF_URL: fake_hearth.url, CONF_API_KEY: API_KEY}
@@ -164,13 +167,18 @@ async def test_setup_retries_soon_while_the_model_loads(
     await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()
     assert entry.state is ConfigEntryState.SETUP_RETRY
+    assert "loading" in (entry.reason or "")
 
-    # What set-up raises: the reason by its translation key, and the short retry delay
-    # (Home Assistant >= 2026.10 waits that long instead of its growing back-off).
+    # No retry_after: Home Assistant 2026.11 takes it as the least wait before the next try,
+    # so any value could only delay the first retry (5 s).
     with pytest.raises(ConfigEntryNotReady) as raised:
         await async_setup_entry(hass, entry)
     assert raised.value.translation_key == "model_loading"
-    assert raised.value.retry_after == MODEL_LOADING_RETRY_SECONDS
+    assert getattr(raised.value, "retry_after", None) is None
+
+    fake_hearth.health_status = None
+    async_fire_time_changed(hass, dt_util.utcnow() + timedelta(seconds=6))
+    await async_wait_for(lambda: entry.state is ConfigEntryState.LOADED, within=10)
 
 
 async def test_reconfigure_reloads_once(
