@@ -36,6 +36,7 @@ from .messages import (
     convert_all,
     convert_content,
     format_response_format,
+    paired_tool_messages,
     transform_stream,
     trim_history,
 )
@@ -217,7 +218,7 @@ class HearthBaseLLMEntity(Entity):
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
         messages = convert_all(chat_log.content)
         await async_add_attachments(self.hass, chat_log.content, messages)
-        messages = trim_history(messages, max_history)
+        messages = trim_history(paired_tool_messages(messages), max_history)
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
             try:

@@ -168,7 +168,9 @@ async def transform_stream(
 
 
 def convert_all(contents: Iterable[conversation.Content]) -> list[dict[str, Any]]:
-    return paired_tool_messages([convert_content(content) for content in contents])
+    """The chat log's entries as messages, one for one (``paired_tool_messages`` then drops
+    the unpaired ones)."""
+    return [convert_content(content) for content in contents]
 
 
 def paired_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
