@@ -64,6 +64,9 @@ class PolicyConfig:
         "agent": 30.0, "background": 20.0, "embedding": 30.0})
     caps: dict[str, float] = field(default_factory=lambda: {"background": 0.5, "embedding": 0.25})
     fair_slots: bool = True  # a member over its share of slots yields one to a member behind
+    # Counters halve every this many seconds (None: never), so service long past is forgiven:
+    # a member who ran one long summary an hour ago is not behind one who holds every slot now.
+    vtc_half_life_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,7 +76,8 @@ class PolicyConfig:
 class Policy:
     def __init__(self, cfg: PolicyConfig):
         self.cfg = cfg
-        self.vtc: dict[str, float] = {}
+        self.vtc: dict[str, float] = {}  # each as of self._vtc_at[user] (decayed lazily)
+        self._vtc_at: dict[str, float] = {}
         self._active: dict[str, int] = {}  # user -> requests waiting or running
 
     # -- fairness bookkeeping ---------------------------------------------------------------
@@ -81,13 +85,29 @@ class Policy:
     def max_running(self) -> int:
         return 1 if self.cfg.mode == "serial" else self.cfg.n_parallel
 
-    def user_arrived(self, user: str) -> None:
+    def counter(self, user: str, now: float | None = None) -> float:
+        """``user``'s virtual token counter at ``now`` (None: as last charged)."""
+        v = self.vtc.get(user, 0.0)
+        half = self.cfg.vtc_half_life_s
+        at = self._vtc_at.get(user)
+        if now is None or not half or at is None or now <= at or not v:
+            return v
+        return v * 0.5 ** ((now - at) / half)
+
+    def _set(self, user: str, value: float, now: float | None) -> None:
+        self.vtc[user] = value
+        if now is not None:
+            self._vtc_at[user] = now
+
+    def user_arrived(self, user: str, now: float | None = None) -> None:
         """A request of ``user`` entered the system. A user returning from idleness has its
         counter lifted to the active minimum, so idleness earns no credit to burst with."""
         if self._active.get(user, 0) == 0:
-            active = [self.vtc[u] for u, n in self._active.items() if n > 0 and u in self.vtc]
+            active = [self.counter(u, now) for u, n in self._active.items()
+                      if n > 0 and u in self.vtc]
             floor = min(active) if active else 0.0
-            self.vtc[user] = max(self.vtc.get(user, floor), floor)
+            self._set(user, max(self.counter(user, now) if user in self.vtc else floor, floor),
+                      now)
         self._active[user] = self._active.get(user, 0) + 1
 
     def user_left(self, user: str) -> None:
@@ -97,10 +117,11 @@ class Policy:
         else:
             self._active[user] = n
 
-    def charge(self, user: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
-        """Service received; prefix-cache hits are never passed here."""
-        self.vtc[user] = (self.vtc.get(user, 0.0) + PROMPT_WEIGHT * prompt_tokens
-                          + OUTPUT_WEIGHT * output_tokens)
+    def charge(self, user: str, prompt_tokens: int = 0, output_tokens: int = 0,
+               now: float | None = None) -> None:
+        """Service received; prefix-cache hits and recomputed tokens are never passed here."""
+        self._set(user, self.counter(user, now) + PROMPT_WEIGHT * prompt_tokens
+                  + OUTPUT_WEIGHT * output_tokens, now)
 
     # -- ordering ---------------------------------------------------------------------------
     def effective_rank(self, r: Schedulable, now: float) -> int:
@@ -117,7 +138,7 @@ class Policy:
         if self.cfg.mode == "hearth":
             # Equal counters (a returning user is lifted to the active minimum) go to the user
             # with fewer sequences running.
-            return (self.effective_rank(r, now), self.vtc.get(r.user, 0.0),
+            return (self.effective_rank(r, now), self.counter(r.user, now),
                     (in_flight or {}).get(r.user, 0), r.arrival, r.id)
         return (r.arrival, r.id)
 
@@ -206,10 +227,11 @@ class Policy:
         held: dict[str, int] = {}
         for x in running:
             held[x.user] = held.get(x.user, 0) + 1
-        mine, served = self.effective_rank(r, now), self.vtc.get(r.user, 0.0)
+        mine, served = self.effective_rank(r, now), self.counter(r.user, now)
         cands = [x for x in running
                  if x.user != r.user and x.rank != VOICE_RANK and held[x.user] > share
-                 and self.effective_rank(x, now) >= mine and self.vtc.get(x.user, 0.0) >= served]
+                 and self.effective_rank(x, now) >= mine
+                 and self.counter(x.user, now) >= served]
         if held.get(r.user, 0) >= share or not cands:
             return None
         return max(cands, key=lambda x: (held[x.user], self.effective_rank(x, now),

@@ -84,3 +84,45 @@ def test_the_slot_comes_from_the_member_over_its_share_never_from_voice():
                   R(4, "even", 1, 2.0)]
     assert policy.fairness_victim(light, voice_only, [light], 10.0) is None
     assert policy.fairness_victim(R(6, "light", 3, None), running, [], 10.0) is None
+
+
+def test_a_summary_an_hour_ago_does_not_put_a_member_behind_one_holding_every_slot():
+    """Counters decay: a light member who ran one 6,000-token summary an hour ago gets a slot
+    from the heavy member holding all 8 at once (it used to wait for one of the heavy chats to
+    end, 3.7 s here)."""
+    core, b = make_core("hearth", n_parallel=8)
+    summary, ss = request(b, "background", 6000, 10, user="light", seed=1)
+    core.submit(summary)
+    while ss.done is None:
+        core.step()
+    b.t += 3600.0
+    heavy = [request(b, "chat", 300, HEAVY_TOKENS, user="heavy", seed=10 + i)
+             for i in range(IN_FLIGHT)]
+    for r, _ in heavy:
+        core.submit(r)
+    while sum(1 for r in core.running if r.n_generated > 0) < 8:
+        core.step()
+    turn, st_ = request(b, "chat", 30, 8, user="light", seed=2)
+    core.submit(turn)
+    while st_.done is None:
+        core.step()
+    assert turn.first_token_at - turn.arrival < 0.5
+    assert core.policy.counter("light", b.now()) <= core.policy.counter("heavy", b.now())
+
+
+def test_a_preempted_member_pays_once_for_what_it_recomputes():
+    """Preempted without its cells kept, a summary recomputes its prompt and the tokens it had
+    generated: its member is charged its prompt once and its output once (the recomputed
+    positions were charged again as prompt tokens)."""
+    core, b = make_core("hearth", n_parallel=1, prefix_cache=False)
+    core.policy.cfg.vtc_half_life_s = None  # exact counts
+    bg, sbg = request(b, "background", 400, 40, user="m", seed=1)
+    core.submit(bg)
+    while bg.n_generated < 10:
+        core.step()
+    v, sv = request(b, "voice", 20, 4, user="v", seed=2)
+    core.submit(v)
+    while sbg.done is None or sv.done is None:
+        core.step()
+    assert bg.preemptions == 1 and bg.prefilled_tokens > 400 + 10, "it did recompute"
+    assert core.policy.vtc["m"] == 400 + 2 * 40

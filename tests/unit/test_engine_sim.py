@@ -186,6 +186,7 @@ def test_kv_exhaustion_preempts_lowest_class_and_everything_completes():
 
 def test_prefix_cache_shares_a_system_prompt_and_is_not_charged():
     core, b = make_core("hearth")
+    core.policy.cfg.vtc_half_life_s = None  # exact counts
     system = [7000 + i for i in range(1000)]
     r1, s1 = request(b, "voice", 20, 4, user="kitchen", seed=1, prefix=system)
     core.submit(r1)

@@ -210,7 +210,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             if kind == "add":
                 r: Request = x
                 self._by_id[r.id] = r
-                self.policy.user_arrived(r.user)
+                self.policy.user_arrived(r.user, now)
                 if r.kind == "embed":
                     self.embed_waiting.append(r)
                 else:
@@ -282,15 +282,25 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             if not (it.n == 1 and it.output):
                 prompt_done += it.n
                 r.prefilled_tokens += it.n
-                self.policy.charge(r.user, prompt_tokens=it.n)
+            self._charge_computed(r, it.start, it.n, now)
             if it.output:
                 generated += 1
                 self._on_token(r, tok, now)
         self.stats.record_tokens(now, generated, prompt_done)
 
+    def _charge_computed(self, r: Request, start: int, n: int, now: float) -> None:
+        """Positions ``start``.. ``start + n`` of ``r`` were computed: its member pays for those
+        computed for the first time, so a preempted request that recomputes what it lost (its
+        prompt, its own output, charged when sampled) does not pay twice."""
+        done = r.meta.get("_charged_to", 0)
+        end = min(start + n, r.n_prompt)  # later positions hold its output, charged as such
+        if end > done:
+            self.policy.charge(r.user, prompt_tokens=end - max(start, done), now=now)
+            r.meta["_charged_to"] = end
+
     def _on_token(self, r: Request, tok: int, now: float) -> None:
         r.n_generated += 1
-        self.policy.charge(r.user, output_tokens=1)
+        self.policy.charge(r.user, output_tokens=1, now=now)
         if r.first_token_at is None:
             r.first_token_at = now
         elif r.last_token_at is not None:
@@ -322,7 +332,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
                 r.n_past = keep
                 r.prefilled_tokens += gained
                 self._computed(r, gained)
-                self.policy.charge(r.user, prompt_tokens=gained)
+                self._charge_computed(r, it.start, gained, self.b.now())
 
     # -- retiring ---------------------------------------------------------------------------
     def _finish(self, r: Request, reason: str, now: float, flush: bool = True) -> None:

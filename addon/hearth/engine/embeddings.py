@@ -57,7 +57,7 @@ class Embeddings:
         t1 = self.b.now()
         self.embed_cost.observe(used, t1 - t0)  # its own context: not the generation's cost
         done.extend(vectors)
-        self.policy.charge(head.user, prompt_tokens=used)
+        self.policy.charge(head.user, prompt_tokens=used, now=t1)
         self.stats.record_tokens(t1, 0, used)
         if len(done) == len(inputs):
             head.first_token_at = t1

@@ -51,5 +51,5 @@ class View:
             "cost_model": {"decode_ms": round(1000 * self.cost.predict(1), 3),
                            "full_batch_ms": round(1000 * self.cost.predict(self.b.n_batch), 1),
                            "by_batch_size": self.cost.view()},
-            "vtc": dict(self.policy.vtc),
+            "vtc": {u: round(self.policy.counter(u, self.b.now()), 1) for u in self.policy.vtc},
         }
