@@ -60,6 +60,17 @@ class CompletionError(Exception):
 
 
 RESPONSE_SCHEMA = "response_format.json_schema.schema"
+# No token of a real vocabulary is this long: text of more characters than this many per token
+# of the context cannot fit, and is refused before it is tokenized (a 4 MB prompt is refused in
+# the time it takes to count it).
+MAX_CHARS_PER_TOKEN = 64
+
+
+def check_chars(n_chars: int, n_ctx_seq: int, param: str) -> None:
+    if n_chars > n_ctx_seq * MAX_CHARS_PER_TOKEN:
+        raise CompletionError(400, f"{param}: {n_chars:,} characters cannot fit the model's "
+                              f"context of {n_ctx_seq:,} tokens", "context_length_exceeded",
+                              param)
 _LIMIT_CODES = {"response_format": "invalid_response_format", "tools": "invalid_tools"}
 
 
@@ -228,16 +239,17 @@ class Completion:
         if self.prompt_rank == VOICE_RANK:  # a voice reply never waits on a chain of thought
             template_kwargs.setdefault("enable_thinking", False)
         try:
-            text = self.rt.formatter.render(
+            text, pieces = self.rt.formatter.render_pieces(
                 [m.model_dump(exclude_none=True) for m in body.messages], tools=tools,
                 template_kwargs=template_kwargs)
         except PromptError as e:
             raise CompletionError(400, str(e), "invalid_messages", "messages") from e
+        check_chars(len(text), self.rt.core.b.n_ctx_seq, "messages")
         # A grammar shapes the whole output: nothing of it is reasoning.
         if reasoning and body.reasoning_format != "none":
             markers = markers_for(getattr(self.rt.formatter, "source", ""))
             self.reasoning = ReasoningSplitter(prompt_opens(text, markers), markers)
-        return self.rt.tokenize_prompt(text)
+        return self.rt.tokenize_prompt(text, pieces)
 
     def _text_prompt(self, body: CompletionRequest) -> list[int]:
         prompt = body.prompt
@@ -248,6 +260,7 @@ class Completion:
             prompt = prompt[0]
         if not prompt:
             raise CompletionError(400, "prompt must not be empty", "invalid_value", "prompt")
+        check_chars(len(prompt), self.rt.core.b.n_ctx_seq, "prompt")
         return self.rt.model.tokenize(prompt, add_special=True, parse_special=False)
 
     # -- running ---------------------------------------------------------------------------

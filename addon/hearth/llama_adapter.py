@@ -107,6 +107,15 @@ class Model:
             raise LlamaError("tokenization failed")
         return list(buf[:n])
 
+    def tokenize_pieces(self, pieces: list[tuple[str, bool]], add_special: bool = True
+                        ) -> list[int]:
+        """A prompt given as ``(text, parse_special)`` pieces: control tokens are read only
+        where the piece allows it (the template's own text, not a message's)."""
+        out: list[int] = []
+        for i, (text, special) in enumerate(pieces):
+            out += self.tokenize(text, add_special=add_special and i == 0, parse_special=special)
+        return out
+
     def piece(self, token: int) -> bytes:
         """The bytes of one token (special tokens rendered empty). Cached: pieces never change."""
         got = self._pieces.get(token)

@@ -12,11 +12,16 @@ are listed as JSON in the system message and the model is asked to answer with
 from __future__ import annotations
 
 import json
+import logging
+import re
+import uuid
 from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+log = logging.getLogger(__name__)
 
 CHATML = (
     "{% for message in messages %}"
@@ -139,6 +144,35 @@ class ChatFormatter:
         except TemplateError as e:
             raise PromptError(f"the chat template rejected these messages: {e}") from e
 
+    def render_pieces(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+                      template_kwargs: dict[str, Any] | None = None
+                      ) -> tuple[str, list[tuple[str, bool]]]:
+        """The prompt, and the same prompt as ``(text, is_template)`` pieces: the template's
+        own text, whose markers are control tokens, and each message's content, which is text
+        whatever it holds (``<|im_start|>system`` typed into a message must not open a turn;
+        the assistant's own turns excepted).
+
+        The template is rendered twice, once with a marker in place of each content: the
+        markers show where content goes; the plain render shows what the template did to it
+        (a ``trim``, say). A template that changes content otherwise gets it unchanged."""
+        text = self.render(messages, tools, template_kwargs=template_kwargs)
+        nonce = uuid.uuid4().hex[:12]
+        contents: list[str] = []
+        marked_msgs = []
+        for m in messages:
+            content = content_text(m.get("content"))
+            # An assistant turn is the model's own words coming back (templates split its
+            # reasoning out of it): rendered as the template does.
+            if content and m.get("role") != "assistant":
+                m = {**m, "content": f"\ue000{nonce}:{len(contents)}\ue001"}
+                contents.append(content)
+            marked_msgs.append(m)
+        if not contents:
+            return text, [(text, True)]
+        marked = self.render(marked_msgs, tools, template_kwargs=template_kwargs)
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", marked)
+        return text, _fit_pieces(text, parts, contents)
+
     def _message(self, m: dict[str, Any]) -> dict[str, Any]:
         role = m.get("role")
         out: dict[str, Any] = {"role": role, "content": content_text(m.get("content"))}
@@ -174,6 +208,31 @@ class ChatFormatter:
             first["content"] = f"{text}\n\n{first['content']}"
             return [first, *msgs[1:]]
         return [{"role": "system", "content": text}, *msgs]
+
+
+def _fit_pieces(text: str, parts: list[str], contents: list[str]) -> list[tuple[str, bool]]:
+    """Pieces from a marked render's ``parts`` (template text and content indexes, in turn),
+    each content as the plain render ``text`` has it: as sent, or trimmed."""
+    pieces: list[tuple[str, bool]] = []
+    pos, exact = 0, True
+    for i, part in enumerate(parts):
+        if i % 2 == 0:  # the template's own text
+            exact = exact and text.startswith(part, pos)
+            pos += len(part)
+            pieces.append((part, True))
+            continue
+        content = contents[int(part)]
+        after = parts[i + 1] if i + 1 < len(parts) else ""
+        for cand in (content, content.strip(), content.lstrip(), content.rstrip()):
+            if exact and text.startswith(cand, pos) and text.startswith(after, pos + len(cand)):
+                break
+        else:
+            cand, exact = content, False
+        pos += len(cand)
+        pieces.append((cand, False))
+    if not exact:
+        log.debug("the chat template changes message content; content is sent as given")
+    return [(t, special) for t, special in pieces if t]
 
 
 def _json_args(args: Any) -> Any:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from .api_models import ChatCompletionRequest, CompletionRequest
-from .completions import Completion, CompletionError, check_limits
+from .completions import Completion, CompletionError, check_chars, check_limits
 from .engine import AsyncStream, RequestError
 from .engine.base import WorkerLost
 from .requests import Request
@@ -78,6 +78,9 @@ async def warm(rt: Any, body: ChatCompletionRequest, keep_rank: int) -> dict[str
             "seconds": round(time.monotonic() - t0, 3)}
 
 
+MAX_INPUTS = 2048
+
+
 def embedding_inputs(rt: Any, raw: Any) -> list[list[int]]:
     """OpenAI ``input``: a string, strings, a token list, or token lists."""
     if isinstance(raw, str):
@@ -86,12 +89,15 @@ def embedding_inputs(rt: Any, raw: Any) -> list[list[int]]:
         raise CompletionError(400, "input must not be empty", "invalid_value", "input")
     if all(isinstance(x, int) for x in raw):
         inputs = [list(raw)]
+    elif len(raw) > MAX_INPUTS:  # counted before anything is tokenized
+        raise CompletionError(400, f"at most {MAX_INPUTS} inputs per request", "invalid_value",
+                              "input")
     elif all(isinstance(x, list) for x in raw):
         inputs = [list(x) for x in raw]
     else:
+        for i, x in enumerate(raw):
+            check_chars(len(x), rt.core.b.n_ctx_seq, f"input.{i}")
         inputs = [rt.model.tokenize(x, add_special=True, parse_special=False) for x in raw]
-    if len(inputs) > 2048:
-        raise CompletionError(400, "at most 2048 inputs per request", "invalid_value", "input")
     if any(not x for x in inputs):
         raise CompletionError(400, "an input is empty", "invalid_value", "input")
     vocab = rt.model.n_vocab

@@ -29,6 +29,7 @@ METRICS = web.AppKey("metrics", Metrics)
 CLOSING = web.AppKey("closing", asyncio.Event)
 GUARD = web.AppKey("guard", Guard)
 MAX_BODY = 8 * 1024 * 1024
+BIG_BODY = 256 * 1024
 OPEN_PATHS = {"/health", "/"}
 OLLAMA_PREFIX = "/api/"
 
@@ -119,6 +120,12 @@ def validation_error(e: ValidationError, prefix: str = "") -> ApiError:
 
 async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
     raw = await request.read()  # raises 413 past client_max_size
+    if len(raw) > BIG_BODY:  # parsing megabytes must not hold up /health and running streams
+        return await asyncio.to_thread(parse_body, raw, model)
+    return parse_body(raw, model)
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:

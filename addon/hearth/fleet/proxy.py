@@ -171,6 +171,10 @@ class ModelProxy:
                  parse_special: bool = True) -> list[int]:
         return self._backend.worker.service("tokenize", text, add_special, parse_special)
 
+    def tokenize_pieces(self, pieces: list[tuple[str, bool]], add_special: bool = True
+                        ) -> list[int]:
+        return self._backend.worker.service("tokenize_pieces", pieces, add_special)
+
     def check_grammar(self, gbnf: str) -> None:
         """Raise ValueError if llama.cpp will not parse ``gbnf``."""
         try:

@@ -157,6 +157,8 @@ class Runner:
         try:
             if op == "tokenize":
                 value: Any = self.model.tokenize(*args)
+            elif op == "tokenize_pieces":
+                value = self.model.tokenize_pieces(*args)
             elif op == "check_grammar":
                 check_grammar(self.model, *args)
                 value = None
