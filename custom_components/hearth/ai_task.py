@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from json import JSONDecodeError
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from homeassistant.components import ai_task, conversation
 from homeassistant.core import HomeAssistant
@@ -13,11 +14,13 @@ from homeassistant.util.json import json_loads
 
 from .const import (
     CONF_MAX_TOKENS,
+    CONF_MODEL,
     CONF_REQUEST_CLASS,
     DEFAULT_AI_TASK_CLASS,
     DEFAULT_AI_TASK_MAX_TOKENS,
     DOMAIN,
     LOGGER,
+    MODEL_CLASS_DEFAULT,
 )
 from .entity import HearthBaseLLMEntity
 
@@ -43,14 +46,34 @@ async def async_setup_entry(
         )
 
 
+def model_has_vision(queue: dict[str, Any] | None, options: Mapping[str, Any]) -> bool:
+    """Whether the server's last queue health lists ``vision`` among the capabilities of the
+    model an AI Task with these options goes to: the one it picked, else the model serving
+    its class. A server that lists no capabilities has none."""
+    models = (queue or {}).get("models")
+    if not isinstance(models, dict):
+        return False
+    name = options.get(CONF_MODEL)
+    if not name or name == MODEL_CLASS_DEFAULT:
+        request_class = options.get(CONF_REQUEST_CLASS, DEFAULT_AI_TASK_CLASS)
+        name = next(
+            (n for n, m in models.items() if request_class in (m.get("classes") or ())), None
+        )
+    model = models.get(name) if name else None
+    return isinstance(model, dict) and "vision" in (model.get("capabilities") or ())
+
+
 class HearthTaskEntity(ai_task.AITaskEntity, HearthBaseLLMEntity):
     """Generates data with the Hearth server, at the background class by default."""
 
-    # Attachments are passed on as image parts; the server says whether its model can see them.
-    _attr_supported_features = (
-        ai_task.AITaskEntityFeature.GENERATE_DATA
-        | ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS
-    )
+    @property
+    def supported_features(self) -> ai_task.AITaskEntityFeature:
+        """Generating data; taking attachments (images) only while the model the task goes to
+        has vision, so Home Assistant refuses a task with a picture up front otherwise."""
+        features = ai_task.AITaskEntityFeature.GENERATE_DATA
+        if model_has_vision(self.entry.runtime_data.coordinator.data, self.subentry.data):
+            features |= ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS
+        return features
 
     async def _async_generate_data(
         self,

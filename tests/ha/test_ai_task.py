@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 import voluptuous as vol
@@ -14,7 +15,7 @@ from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers.entity_component import DATA_INSTANCES
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.hearth.const import CONF_TEMPERATURE
+from custom_components.hearth.const import CONF_MODEL, CONF_TEMPERATURE
 
 from .conftest import (
     AI_TASK_OPTIONS,
@@ -121,6 +122,58 @@ async def test_structured_request_format(
     assert schema["properties"]["note"]["type"] == ["string", "null"]
 
 
+VISION_MODEL = {"classes": ["chat", "background"], "capabilities": ["completion", "vision"]}
+TEXT_MODEL = {"classes": ["voice", "background"], "capabilities": ["completion", "tools"]}
+
+
+async def _serve(
+    hass: HomeAssistant, fake_hearth: FakeHearth, entry: MockConfigEntry,
+    models: dict[str, dict[str, Any]],
+) -> None:
+    """Have the fake server list ``models`` in its queue health, and poll it."""
+    fake_hearth.queue["models"] = models
+    await entry.runtime_data.coordinator.async_refresh()
+    await hass.async_block_till_done()
+
+
+def _takes_attachments(hass: HomeAssistant, entry: MockConfigEntry) -> bool:
+    state = hass.states.get(entity_of(hass, entry, "ai_task"))
+    features = state.attributes["supported_features"]
+    return bool(features & ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS)
+
+
+async def test_attachments_declared_only_with_vision(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
+) -> None:
+    """No vision in the model serving the task's class (or none said): Home Assistant refuses
+    a task with a picture before anything reaches the server. A subentry that picked a vision
+    model takes pictures."""
+    assert not _takes_attachments(hass, fake_entry)  # the server lists no capabilities
+    await _serve(hass, fake_hearth, fake_entry, {"small": TEXT_MODEL, "seer": VISION_MODEL})
+    assert not _takes_attachments(hass, fake_entry)
+    with pytest.raises(HomeAssistantError) as raised:
+        await ai_task.async_generate_data(
+            hass,
+            task_name="Look",
+            entity_id=entity_of(hass, fake_entry, "ai_task"),
+            instructions="What is at the door?",
+            attachments=[{"media_content_id": "media-source://camera/door",
+                          "media_content_type": "image/jpeg"}],
+        )
+    # Older releases say it in English only, newer by a translation key.
+    assert "attachments" in (raised.value.translation_key or str(raised.value))
+    assert fake_hearth.chat_requests == []
+
+    subentry = next(
+        s for s in fake_entry.subentries.values() if s.subentry_type == "ai_task_data"
+    )
+    hass.config_entries.async_update_subentry(
+        fake_entry, subentry, data={**subentry.data, CONF_MODEL: "seer"}
+    )
+    await hass.async_block_till_done()
+    assert _takes_attachments(hass, fake_entry)
+
+
 async def _handle_with_attachment(
     hass: HomeAssistant, entry: MockConfigEntry, attachment: conversation.Attachment
 ) -> None:
@@ -139,10 +192,11 @@ async def _handle_with_attachment(
 async def test_image_attachment_goes_as_an_image_part(
     hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry, tmp_path: Path
 ) -> None:
-    """An attached image reaches the server as an OpenAI image part (a base64 data URL) after
-    the question's text; the entity says it takes attachments."""
-    state = hass.states.get(entity_of(hass, fake_entry, "ai_task"))
-    assert state.attributes["supported_features"] & ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS
+    """With a vision model serving its class, the entity says it takes attachments, and an
+    attached image reaches the server as an OpenAI image part (a base64 data URL) after the
+    question's text."""
+    await _serve(hass, fake_hearth, fake_entry, {"fake-model": VISION_MODEL})
+    assert _takes_attachments(hass, fake_entry)
     picture = tmp_path / "door.png"
     picture.write_bytes(b"\x89PNG\r\n\x1a\n-a-tiny-picture")
     fake_hearth.chat_handler = lambda body: text_chunks("A closed door.")
