@@ -18,6 +18,7 @@ from .api import HearthClient, HearthError, InvalidAuth, NotReady
 from .const import DOMAIN, LOGGER
 from .coordinator import HearthQueueCoordinator
 from .entity import server_device_info
+from .issues import async_clear_issues
 from .jobs import HearthJobWatcher, pending_store
 from .services import async_setup_services
 
@@ -107,8 +108,9 @@ async def async_unload_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> b
 
 
 async def async_remove_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> None:
-    """Forget the entry's unfinished jobs with it."""
+    """Forget the entry's unfinished jobs and its repair issues with it."""
     await pending_store(hass, entry.entry_id).async_remove()
+    async_clear_issues(hass, entry.entry_id)
 
 
 async def _async_update_listener(hass: HomeAssistant, entry: HearthConfigEntry) -> None:

@@ -11,6 +11,7 @@ from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, Upda
 
 from .api import HearthClient, HearthError, InvalidAuth
 from .const import DOMAIN, LOGGER, QUEUE_SCAN_INTERVAL
+from .issues import async_check_models
 from .worker import failed_workers
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
                 translation_placeholders={"url": self.client.url, "error": str(err)},
             ) from err
         self._warn_failed_workers(data)
+        async_check_models(self.hass, self.config_entry, self.client.url, data)
         return data
 
     def _warn_failed_workers(self, data: dict[str, Any]) -> None:
