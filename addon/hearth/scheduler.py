@@ -28,6 +28,8 @@ PROMPT_WEIGHT = 1.0
 OUTPUT_WEIGHT = 2.0
 
 MODES = ("hearth", "fifo", "serial")
+# How many requests may pass one that waits for cells (Policy.may_overtake).
+MAX_OVERTAKES = 8
 
 
 def class_rank(name_or_rank: str | int) -> int:
@@ -191,6 +193,16 @@ class Policy:
             return True
         same = sum(1 for x in running if x.rank == r.rank)
         return same < max(1, math.floor(cap * self.cfg.n_parallel))
+
+    def may_overtake(self, r: Schedulable, blocked: Schedulable, overtaken: int,
+                     now: float) -> bool:
+        """Whether ``r``, behind ``blocked`` in the order, may be admitted while ``blocked``
+        waits for cells (into cells that are free, taking nothing from anyone): a short voice
+        turn does not wait seconds behind a voice prompt that cannot fit yet. Only within an
+        interactive class, and ``MAX_OVERTAKES`` times, so the one waiting is not starved."""
+        return (self.cfg.mode == "hearth" and overtaken < MAX_OVERTAKES
+                and self.effective_rank(r, now) == self.effective_rank(blocked, now)
+                <= INTERACTIVE_RANK)
 
     def priority_victim(self, r: Schedulable, running: Sequence[Schedulable],
                         now: float) -> Schedulable | None:

@@ -21,7 +21,11 @@ class Admission:
             return
         self._admit_dirty = False
         self._admit_next = now + ADMIT_RECHECK_S
+        blocked: Request | None = None  # the first waiting for cells: who may pass it, how
         for r in self.policy.order(list(self.waiting), now, self.running):
+            if blocked is not None and not self.policy.may_overtake(
+                    r, blocked, blocked.meta.get("_overtaken", 0), now):
+                break
             if r.sampler is None:
                 try:
                     self._admitting = r  # stays set if the worker dies making it
@@ -43,6 +47,8 @@ class Admission:
                 victim = None
             entry, hit = (self.pool.find(r.tokens) if self.cfg.prefix_cache else (None, 0))
             need = len(r.tokens) - hit + 1  # the uncached prompt and the first token's cell
+            if blocked is not None and (victim is not None or need > self.pool.free_cells):
+                continue  # passing a request that waits takes only cells that are free
             if victim is not None:
                 if self._room(r, entry, hit, r.rank, now, victim) < need:
                     break  # a slot without the cells: the victim's work would be lost for nothing
@@ -56,7 +62,8 @@ class Admission:
                 if not self.running:  # nothing will ever free room: refuse it
                     self._fail(r, "the KV cache cannot hold this prompt", now, status=400)
                     continue
-                break  # wait for room rather than let smaller requests overtake forever
+                blocked = r  # it waits for room; only a few of its class may pass it
+                continue
             if entry is not None and entry.seq_id not in self.pool.entries:
                 # A preempted sequence's kept prefix superseded the hit: it serves as well.
                 entry, hit = self.pool.find(r.tokens)
@@ -90,6 +97,8 @@ class Admission:
             r.reserved = need
             self.pool.reserve(need)
             self.running.append(r)
+            if blocked is not None:
+                blocked.meta["_overtaken"] = blocked.meta.get("_overtaken", 0) + 1
 
     def _make_room(self, r: Request, need: int, entry: Any, now: float,
                    rank: int | None, hit: int = 0) -> bool:
