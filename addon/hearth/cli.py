@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from . import __version__
+from . import __version__, redact
 from .settings import add_arguments, load
 
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, settings.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr)
+    redact.install()
     if args.command == "serve":
         from aiohttp import web
 

@@ -21,6 +21,7 @@ from .fleet.supervisor import BACKOFF_S, CRASHED_TWICE, STRIKES, Supervisor
 from .models import resolve
 from .prefix_store import PrefixStore
 from .prompts import ChatFormatter
+from .redact import redact
 from .requests import Event, Request
 from .runner.protocol import ContextParams
 from .scheduler import PolicyConfig
@@ -100,7 +101,7 @@ class Runtime:
         except Exception as e:
             self.failed_at = time.monotonic()
             self.state = "failed"
-            self.error = str(e)
+            self.error = redact(str(e))  # a download URL's password stays out of /health
             log.error("loading the model failed: %s", e)
         finally:
             self.progress = None

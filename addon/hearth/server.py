@@ -80,7 +80,7 @@ async def models(request: web.Request) -> web.Response:
         rt = w.rt
         meta: dict[str, Any] = {"state": rt.state}
         if w.remote:
-            meta.update(url=rt.url, kind=w.entry.spec.kind)
+            meta.update(url=rt.shown_url, kind=w.entry.spec.kind)
         else:
             meta.update(memory_bytes=w.bytes, n_ctx=rt.settings.n_ctx)
         if rt.state == "ready" and not w.remote:

@@ -212,6 +212,9 @@ class Settings(BaseModel):
                 raise ValueError(f"models: {m.name!r} has both a file and a url")
             if m.url and not m.url.startswith(("http://", "https://")):
                 raise ValueError(f"models: {m.name!r}: url must start with http:// or https://")
+            if m.api_key and "@" in m.url.split("/")[2]:  # both would be the Authorization
+                raise ValueError(f"models: {m.name!r}: give either a user and password in the "
+                                 "url or an api_key, not both")
             for c in m.classes:
                 if c in claimed:
                     raise ValueError(f"models: class {c!r} is claimed by both "

@@ -53,7 +53,11 @@ def front(tmp_path_factory, standin):
     models = [{"name": "local", "classes": ["voice", "chat"], "pinned": True},
               {"name": "vllm-box", "url": standin.url + "/v1", "kind": "vllm",
                "remote_model": "big-model", "classes": ["background"], "fallback": "local",
-               "timeout_s": 2, "max_concurrency": 2}]
+               "timeout_s": 2, "max_concurrency": 2},
+              # The same box behind credentials: they must never be shown or logged.
+              {"name": "keyed-box", "url": standin.url.replace("http://", "http://hearth:"
+                                                               "pw-S3CRET@") + "/v1",
+               "kind": "vllm", "remote_model": "big-model"}]
     with HearthServer(*POOL, "--load-wait-s", "20", "--models", json.dumps(models),
                       data_dir=tmp_path_factory.mktemp("front")) as s:
         wait_state(s, "vllm-box", "ready")
@@ -203,3 +207,20 @@ def test_a_job_survives_its_remote_hearth_dying_and_routing_returns(tmp_path):
             assert remote.get("/v1/queue")[1]["classes"]["background"]["completed"] == 1
     finally:
         remote.stop()
+
+
+def test_a_remote_s_credentials_are_never_shown_or_logged(healthy):
+    """The keyed box is used (its answer comes back) and shown everywhere without its user and
+    password: /v1/models, /v1/queue, /health, /metrics and the log."""
+    status, answer = healthy.post("/v1/chat/completions", {
+        "model": "keyed-box", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4}, timeout=60)
+    assert status == 200, answer
+    wait_state(healthy, "keyed-box", "ready")
+    shown = [json.dumps(healthy.get(p)[1]) for p in ("/v1/models", "/v1/queue", "/health")]
+    with urllib.request.urlopen(healthy.url + "/metrics") as r:
+        shown.append(r.read().decode())
+    shown.append(healthy.log_path.read_text(errors="replace"))
+    for text in shown:
+        assert "pw-S3CRET" not in text
+    assert "http://***@127.0.0.1" in shown[1]  # the URL is still shown, without its secret

@@ -126,7 +126,7 @@ class Fleet:
             if w.remote:
                 spec = w.entry.spec
                 models[w.name] = {
-                    "state": w.rt.state, "error": w.rt.error, "url": w.rt.url,
+                    "state": w.rt.state, "error": w.rt.error, "url": w.rt.shown_url,
                     "kind": spec.kind, "fallback": spec.fallback or None,
                     "classes": self._classes(w), "aliases": list(spec.aliases),
                     "in_use": w.leases, "max_concurrency": spec.max_concurrency,

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from ..completions import CompletionError
+from ..redact import redact
 from ..scheduler import RANK_NAMES
 from ..settings import Settings
 from ..stats import Stats
@@ -52,6 +53,7 @@ class RemoteWorker:
         self.settings, self.entry, self.spec = settings, entry, spec
         self.model_id = self.name = entry.name
         self.url = re.sub(r"/v1/?$", "", spec.url.rstrip("/"))
+        self.shown_url = redact(self.url)  # what /v1/models, /v1/queue and the log show
         # Another Hearth picks its class's model itself; other servers need a model's name.
         self.remote_model = spec.remote_model or (None if spec.kind == "hearth" else entry.name)
         self.state = "unknown"  # ready (healthy) | unreachable | unknown (not checked yet)
@@ -85,8 +87,8 @@ class RemoteWorker:
 
     def unreachable(self, why: str) -> None:
         if self.state != "unreachable":
-            log.warning("worker %s (%s) is unreachable: %s", self.name, self.url, why)
-        self.state, self.error = "unreachable", why
+            log.warning("worker %s (%s) is unreachable: %s", self.name, self.shown_url, why)
+        self.state, self.error = "unreachable", redact(why)
 
     def check_soon(self, now: float) -> None:
         """Called every second by the fleet: a health check when one is due."""
@@ -108,7 +110,7 @@ class RemoteWorker:
         if time.monotonic() - self.failed_at < COOLDOWN_S:
             return  # reachable, but its last request failed: not yet
         if self.state != "ready":
-            log.info("worker %s (%s) is reachable", self.name, self.url)
+            log.info("worker %s (%s) is reachable", self.name, self.shown_url)
         self.state, self.error = "ready", None
 
     async def _queue_depth(self, limit: aiohttp.ClientTimeout) -> int | None:
