@@ -81,6 +81,8 @@ class Policy:
         self.vtc: dict[str, float] = {}  # each as of self._vtc_at[user] (decayed lazily)
         self._vtc_at: dict[str, float] = {}
         self._active: dict[str, int] = {}  # user -> requests waiting or running
+        self._best_memo: tuple[tuple, int] = ((), 99)
+        self._members_memo: tuple[tuple, int] = ((), 0)
 
     # -- fairness bookkeeping ---------------------------------------------------------------
     @property
@@ -136,11 +138,16 @@ class Policy:
         steps = math.floor(max(0.0, now - r.arrival) / period)
         return max(CHAT_RANK, r.rank - steps)
 
-    def key(self, r: Schedulable, now: float, in_flight: dict[str, int] | None = None) -> tuple:
+    def key(self, r: Schedulable, now: float, in_flight: dict[str, int] | None = None,
+            counters: dict[str, float] | None = None) -> tuple:
         if self.cfg.mode == "hearth":
             # Equal counters (a returning user is lifted to the active minimum) go to the user
-            # with fewer sequences running.
-            return (self.effective_rank(r, now), self.counter(r.user, now),
+            # with fewer sequences running. ``counters``: memo for one sort (members repeat).
+            if counters is None:
+                c = self.counter(r.user, now)
+            elif (c := counters.get(r.user)) is None:
+                c = counters[r.user] = self.counter(r.user, now)
+            return (self.effective_rank(r, now), c,
                     (in_flight or {}).get(r.user, 0), r.arrival, r.id)
         return (r.arrival, r.id)
 
@@ -150,7 +157,8 @@ class Policy:
         in_flight: dict[str, int] = {}
         for x in running:
             in_flight[x.user] = in_flight.get(x.user, 0) + 1
-        return sorted(reqs, key=lambda r: self.key(r, now, in_flight))
+        counters: dict[str, float] = {}
+        return sorted(reqs, key=lambda r: self.key(r, now, in_flight, counters))
 
     def decode_order(self, running: Iterable[Schedulable]) -> list[Schedulable]:
         """Decode tokens go first in the batch, highest class first (they land in the first
@@ -186,13 +194,24 @@ class Policy:
         cap = self.cfg.caps.get(RANK_NAMES[r.rank])
         if cap is None:
             return True
-        higher_waits = any(
-            w is not r and self.effective_rank(w, now) < self.effective_rank(r, now)
-            for w in waiting)
-        if not higher_waits:
+        if self.best_rank(waiting, now) >= self.effective_rank(r, now):  # none higher waits
             return True
         same = sum(1 for x in running if x.rank == r.rank)
         return same < max(1, math.floor(cap * self.cfg.n_parallel))
+
+    def begin_pass(self) -> None:
+        """An admission pass starts: what was memoized for the last one is stale."""
+        self._best_memo = ((), 99)
+        self._members_memo = ((), 0)
+
+    def best_rank(self, waiting: Sequence[Schedulable], now: float) -> int:
+        """The best effective rank waiting; asked for every waiting request in one admission
+        pass, so computed once per pass (same list, length and clock), not once per request."""
+        key = (id(waiting), len(waiting), now)
+        if self._best_memo[0] != key:
+            self._best_memo = (key, min((self.effective_rank(w, now) for w in waiting),
+                                        default=99))
+        return self._best_memo[1]
 
     def may_overtake(self, r: Schedulable, blocked: Schedulable, overtaken: int,
                      now: float) -> bool:
@@ -234,8 +253,11 @@ class Policy:
         The VTC orders the queue; this keeps one member from holding every slot meanwhile."""
         if self.cfg.mode != "hearth" or not self.cfg.fair_slots:
             return None
-        members = {x.user for x in running} | {w.user for w in waiting}
-        share = max(1, self.max_running // max(1, len(members)))
+        key = (id(waiting), len(waiting), now, len(running))
+        if self._members_memo[0] != key:  # once per admission pass, not once per request
+            members = {x.user for x in running} | {w.user for w in waiting}
+            self._members_memo = (key, len(members))
+        share = max(1, self.max_running // max(1, self._members_memo[1]))
         held: dict[str, int] = {}
         for x in running:
             held[x.user] = held.get(x.user, 0) + 1

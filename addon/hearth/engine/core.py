@@ -49,6 +49,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self._by_id: dict[int, Request] = {}
         self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
         self._suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
+        self._wanted_memo: tuple[int, frozenset[int]] = (-1, frozenset())
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
