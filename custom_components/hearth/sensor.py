@@ -19,11 +19,11 @@ from homeassistant.helpers.typing import StateType
 
 from .const import INTERACTIVE_CLASSES, REQUEST_CLASSES
 from .entity import HearthServerEntity
+from .models import HearthModelSensor, SteadyTime, served_models
 from .worker import (
     WORKER_STATES,
     boundary_overhead,
     has_worker,
-    model_worker_attributes,
     worker_attributes,
     worker_state,
 )
@@ -82,6 +82,8 @@ class HearthSensorDescription(SensorEntityDescription):
     attributes_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # Unavailable while this says no (the server does not report what the sensor reads).
     available_fn: Callable[[dict[str, Any]], bool] | None = None
+    # value_fn reads an age in seconds; the sensor shows the time it started (steadily).
+    age: bool = False
 
 
 def _voice_cache_attributes(data: dict[str, Any]) -> dict[str, Any]:
@@ -181,12 +183,12 @@ def _descriptions() -> list[HearthSensorDescription]:
         HearthSensorDescription(
             key="prefix_cache_voice_oldest",
             translation_key="prefix_cache_voice_oldest",
-            device_class=SensorDeviceClass.DURATION,
-            native_unit_of_measurement=UnitOfTime.SECONDS,
-            state_class=SensorStateClass.MEASUREMENT,
-            suggested_display_precision=0,
+            # When the oldest was cached, not its age: an age grows, and would write a new
+            # state on every poll.
+            device_class=SensorDeviceClass.TIMESTAMP,
             entity_category=EntityCategory.DIAGNOSTIC,
             value_fn=_path("prefix_cache", "by_class", "voice", "oldest_s"),
+            age=True,
         ),
         HearthSensorDescription(
             key="prefix_cache_warm_ups",
@@ -219,7 +221,8 @@ def _descriptions() -> list[HearthSensorDescription]:
         HearthSensorDescription(
             key="jobs_failed",
             translation_key="jobs_failed",
-            state_class=SensorStateClass.TOTAL_INCREASING,
+            # The failed jobs the server still keeps: old ones are purged, so it can shrink.
+            state_class=SensorStateClass.MEASUREMENT,
             value_fn=_path("jobs", "failed"),
         ),
     ]
@@ -283,7 +286,7 @@ async def async_setup_entry(
     @callback
     def add_new() -> None:
         nonlocal worker_added
-        new = [m for m in _models(coordinator.data) if m not in known]
+        new = [m for m in served_models(coordinator.data) if m not in known]
         known.update(new)
         if new:
             async_add_entities(HearthModelSensor(config_entry, model) for model in new)
@@ -297,56 +300,6 @@ async def async_setup_entry(
     config_entry.async_on_unload(coordinator.async_add_listener(add_new))
 
 
-def _models(data: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    models = (data or {}).get("models")
-    return models if isinstance(models, dict) else {}
-
-
-MODEL_STATES = ["ready", "loading", "unloading", "unloaded", "failed", "unreachable", "unknown"]
-MODEL_ATTRIBUTES = ("classes", "aliases", "pinned", "in_use", "waiting", "running",
-                    "memory_bytes", "keep_alive_s", "expires_in_s", "loads", "unloads",
-                    "last_load_s", "paused_for_others_s", "url", "kind", "fallback",
-                    "max_concurrency", "error")
-
-
-class HearthModelSensor(HearthServerEntity, SensorEntity):
-    """One model of the server, or a remote worker: loaded, loading, unloaded, unreachable;
-    its classes and queue depth as attributes."""
-
-    _attr_device_class = SensorDeviceClass.ENUM
-    _attr_options = MODEL_STATES
-    _attr_translation_key = "model"
-    _attr_entity_category = EntityCategory.DIAGNOSTIC
-
-    def __init__(self, entry: HearthConfigEntry, model: str) -> None:
-        """Initialize the sensor."""
-        super().__init__(entry, f"model_{model}")  # names differ where slugs may not
-        self.model = model
-        self._attr_translation_placeholders = {"model": model}
-
-    @property
-    def _info(self) -> dict[str, Any] | None:
-        return _models(self.coordinator.data).get(self.model)
-
-    @property
-    def available(self) -> bool:
-        """Unavailable once the server no longer lists the model."""
-        return super().available and self._info is not None
-
-    @property
-    def native_value(self) -> str | None:
-        """Return the model's state."""
-        state = (self._info or {}).get("state")
-        return state if state in MODEL_STATES else None
-
-    @property
-    def extra_state_attributes(self) -> dict[str, Any] | None:
-        """Return what the server reports of the model (and of its worker process)."""
-        info = self._info or {}
-        attributes = {key: info[key] for key in MODEL_ATTRIBUTES if key in info}
-        return {**attributes, **model_worker_attributes(info)} or None
-
-
 class HearthQueueSensor(HearthServerEntity, SensorEntity):
     """One number from ``/v1/queue``."""
 
@@ -358,6 +311,7 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
         """Initialize the sensor."""
         super().__init__(entry, description.key)
         self.entity_description = description
+        self._since = SteadyTime()
 
     @property
     def available(self) -> bool:
@@ -370,7 +324,10 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
     @property
     def native_value(self) -> StateType:
         """Return the value, or None when the server has no data for it."""
-        return self.entity_description.value_fn(self.coordinator.data or {})
+        value = self.entity_description.value_fn(self.coordinator.data or {})
+        if self.entity_description.age:
+            return self._since.ago(value)
+        return value
 
     @property
     def extra_state_attributes(self) -> dict[str, Any] | None:

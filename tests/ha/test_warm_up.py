@@ -29,6 +29,7 @@ from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import entity_registry as er
 from homeassistant.setup import async_setup_component
+from homeassistant.util import dt as dt_util
 
 from custom_components.hearth.api import HearthClient
 from custom_components.hearth.const import CONF_CLASS_POLICY, CONF_PROMPT
@@ -177,7 +178,8 @@ async def test_setup_warms_the_prompt_a_voice_turn_then_finds(
     entries = state("prefix_cache_voice_entries")
     assert int(entries.state) == voice["entries"]
     assert entries.attributes["cells"] == voice["cells"]
-    assert float(state("prefix_cache_voice_oldest").state) == pytest.approx(
+    cached_at = dt_util.parse_datetime(state("prefix_cache_voice_oldest").state)
+    assert (dt_util.utcnow() - cached_at).total_seconds() == pytest.approx(
         voice["oldest_s"], abs=5
     )
     assert int(state("prefix_cache_warm_ups").state) == queue["prefix_cache"]["warm_ups"]
@@ -444,8 +446,9 @@ async def test_voice_cache_sensors(hass: HomeAssistant, fake_hearth: FakeHearth)
     assert entries.attributes["cells"] == 2400
     assert entries.attributes["kept"] == 2
     oldest = state("prefix_cache_voice_oldest")
-    assert float(oldest.state) == pytest.approx(125.4)
-    assert oldest.attributes["unit_of_measurement"] == "s"
+    cached_at = dt_util.parse_datetime(oldest.state)
+    assert (dt_util.utcnow() - cached_at).total_seconds() == pytest.approx(125.4, abs=2)
+    assert oldest.attributes["device_class"] == "timestamp"
     assert state("prefix_cache_warm_ups").state == "5"
 
     # No voice turn has looked yet: no hit rate rather than 0 %.
