@@ -16,6 +16,7 @@ from aiohttp import ClientSession, web
 
 from . import __version__, discovery
 from .api import ollama
+from .api.claims import VoiceShares, claimed_rank, pinned_user
 from .api.guard import Guard
 from .api.http import (
     CLOSING,
@@ -24,7 +25,9 @@ from .api.http import (
     JOBS,
     MAX_BODY,
     METRICS,
+    VOICE_SHARES,
     ApiError,
+    class_header,
     errors_and_auth,
     read_body,
     ready,
@@ -39,6 +42,7 @@ from .jobs import JobRunner, validate_job_request
 from .metrics import CONTENT_TYPE, Metrics
 from .openapi import build as build_openapi
 from .runtime import Runtime
+from .scheduler import RANK_NAMES, class_rank
 from .serving import completion, embeddings, warm
 from .settings import Settings
 
@@ -112,7 +116,7 @@ async def _complete(request: web.Request, body: ChatCompletionRequest | Completi
     async def run(rt: Any, rank: int) -> web.StreamResponse:
         return await openai_answer(request, await completion(rt, body, rank, user))
 
-    return await with_model(request, body.model, body.priority, "chat", run)
+    return await with_model(request, body.model, body.priority, "chat", run, user=user)
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -131,7 +135,7 @@ async def embeddings_handler(request: web.Request) -> web.Response:
     user = request_user(request, body.user)
     return web.json_response(await with_model(
         request, body.model, body.priority, "embedding",
-        lambda rt, rank: embeddings(rt, body.input, rank, user)))
+        lambda rt, rank: embeddings(rt, body.input, rank, user), user=user))
 
 
 # -- Hearth API --------------------------------------------------------------------------------
@@ -162,8 +166,12 @@ async def queue(request: web.Request) -> web.Response:
 async def create_job(request: web.Request) -> web.Response:
     body = await read_body(request, JobCreate)
     validate_job_request(body.kind, body.request)
-    request.app[JOBS].model_for(body.request, body.cls)  # 404 now, not when it runs
-    job = await request.app[JOBS].submit(body.kind, body.cls, body.tag, body.request)
+    # A member key's job runs in its classes, as its member.
+    cls = RANK_NAMES[claimed_rank(request, class_rank(body.cls), "cls" in body.model_fields_set)]
+    if pinned := pinned_user(request):
+        body.request["user"] = pinned
+    request.app[JOBS].model_for(body.request, cls)  # 404 now, not when it runs
+    job = await request.app[JOBS].submit(body.kind, cls, body.tag, body.request)
     return web.json_response(job, status=202)
 
 
@@ -246,6 +254,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     fleet = Fleet(settings, runtime)
     app[FLEET] = fleet
     app[GUARD] = Guard(settings.allowed_hosts, settings.allowed_origins, own_names=[settings.host])
+    app[VOICE_SHARES] = VoiceShares(settings.voice_per_member)
+    app.on_response_prepare.append(class_header)
     store = JobStore(Path(settings.data_dir) / "jobs.sqlite3", max_active=settings.job_queue_max,
                      max_bytes=settings.job_store_max_mb * 1_000_000,
                      max_request_bytes=settings.job_request_max_kb * 1_000)

@@ -77,6 +77,22 @@ class ModelSpec(BaseModel):
         return v
 
 
+class KeySpec(BaseModel):
+    """One member's API key (the ``api_keys`` setting): who it is and the classes it may use."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=NAME_PATTERN, description="the member (its fairness name)")
+    key: str = Field(min_length=8, description="the bearer token it sends")
+    classes: list[ClassName] = Field(default_factory=list, description="classes it may use "
+                                     "(empty = all)")
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+
+
 class Settings(BaseModel):
     """Every knob of the server. Field descriptions double as CLI help."""
 
@@ -87,6 +103,9 @@ class Settings(BaseModel):
                      addon=False)
     port: int = _opt(8080, "TCP port", addon=False, ge=1, le=65535)
     api_key: str = _opt("", "require 'Authorization: Bearer <key>' on every endpoint but /health")
+    api_keys: list[KeySpec] = _opt(
+        [], "more keys, one per member: each with a name, a key and the classes it may use "
+        "(JSON list on the command line); requests with one run as that member, in its classes")
     allowed_hosts: str = _opt(
         "", "more names the server answers to, comma-separated, beyond IP addresses, "
         "localhost, single-label names and .local/.lan/.internal/.home.arpa names ('*' = any; "
@@ -160,6 +179,9 @@ class Settings(BaseModel):
         True, "while another household member waits, one member holds at most its fair share "
         "of the running sequences: its newest sequence of the same class makes room")
     max_queue: int = _opt(64, "most waiting requests per class before 429", ge=1)
+    voice_per_member: int = _opt(
+        2, "most voice requests one member has waiting or running; more of its voice "
+        "requests run as chat", ge=1)
     max_tokens_default: int = _opt(512, "max_tokens when a request names none", ge=1)
     constrain_tool_calls: bool = _opt(
         True, "under tool_choice auto, a tool call the model opens must match its tool's schema "

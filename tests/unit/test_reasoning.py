@@ -191,12 +191,14 @@ class FakeRuntime:
     """Just what Completion reads before the engine: a formatter and a tokenizer."""
 
     def __init__(self, generation_prompt: str, template: str = "{{ '</think>' }}"):
+        text = "<|User|>hi" + generation_prompt
         self.formatter = SimpleNamespace(
-            source=template, render=lambda msgs, tools=None, **kw: "<|User|>hi" + generation_prompt)
+            source=template, render_pieces=lambda msgs, tools=None, **kw: (text, [(text, True)]))
         self.settings = SimpleNamespace(max_tokens_default=64)
+        self.core = SimpleNamespace(b=SimpleNamespace(n_ctx_seq=4096))
         self.model_id = "fake"
 
-    def tokenize_prompt(self, text):
+    def tokenize_prompt(self, text, pieces=None):
         return [1, 2, 3]
 
 
@@ -277,7 +279,7 @@ class TemplateRuntime(FakeRuntime):
         self.formatter = ChatFormatter(THINKING_TEMPLATE)
         self.prompts: list[str] = []
 
-    def tokenize_prompt(self, text):
+    def tokenize_prompt(self, text, pieces=None):
         self.prompts.append(text)
         return [1, 2, 3]
 

@@ -5,7 +5,6 @@ class a request is."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +18,7 @@ from ..fleet.fleet import Fleet
 from ..jobs import JobRunner
 from ..metrics import Metrics
 from ..scheduler import class_rank
+from .claims import VoiceShares, authenticate, claimed_rank, key_required, pinned_user
 from .guard import Guard
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ JOBS = web.AppKey("jobs", JobRunner)
 METRICS = web.AppKey("metrics", Metrics)
 CLOSING = web.AppKey("closing", asyncio.Event)
 GUARD = web.AppKey("guard", Guard)
+VOICE_SHARES = web.AppKey("voice_shares", VoiceShares)
+CLASS_USED = "hearth.class"  # the class a request ran in, for its X-Hearth-Class header
 MAX_BODY = 8 * 1024 * 1024
 BIG_BODY = 256 * 1024
 OPEN_PATHS = {"/health", "/"}
@@ -61,14 +63,12 @@ async def errors_and_auth(request: web.Request,
     ollama = request.path.startswith(OLLAMA_PREFIX)
     if (refusal := _refused_by_guard(request, ollama)) is not None:
         return refusal
-    key = request.app[FLEET].settings.api_key
-    if key and request.path not in OPEN_PATHS:
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-        # Constant-time comparison; the key is never logged.
-        if not hmac.compare_digest(token.encode(), key.encode()):
-            return error_response(401, "invalid or missing API key", "invalid_api_key",
-                                  ollama=ollama)
+    settings = request.app[FLEET].settings
+    # Constant-time comparisons; keys are never logged.
+    if key_required(settings) and request.path not in OPEN_PATHS \
+            and not authenticate(request, settings):
+        return error_response(401, "invalid or missing API key", "invalid_api_key",
+                              ollama=ollama)
     try:
         return await handler(request)
     except CompletionError as e:
@@ -108,6 +108,13 @@ def _refused_by_guard(request: web.Request, ollama: bool) -> web.Response | None
         return error_response(415, "send the body as JSON with 'Content-Type: "
                               "application/json'", "unsupported_media_type", ollama=ollama)
     return None
+
+
+async def class_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the class the request ran in (voice past a member's share runs as
+    chat; a member key's default class)."""
+    if (used := request.get(CLASS_USED)) is not None:
+        response.headers["X-Hearth-Class"] = used
 
 
 def validation_error(e: ValidationError, prefix: str = "") -> ApiError:
@@ -184,14 +191,18 @@ def request_class(request: web.Request, priority: str | int | None, default: str
     if value is None:
         value = request.headers.get("X-Hearth-Class")
     try:
-        return class_rank(value if value is not None else default)
+        rank = class_rank(value if value is not None else default)
     except ValueError as e:
         raise ApiError(400, str(e), "invalid_class", "priority") from e
+    return claimed_rank(request, rank, explicit=value is not None)
 
 
 def request_user(request: web.Request, user: str | None, by_address: bool = False) -> str | None:
-    """Who the request is for fairness: its own field, else the ``X-Hearth-User`` header, else
-    (for APIs without a user field, such as Ollama's) the client's address."""
+    """Who the request is for fairness: its member key's name, else its own field, else the
+    ``X-Hearth-User`` header, else (for APIs without a user field, such as Ollama's) the
+    client's address."""
+    if pinned := pinned_user(request):
+        return pinned
     if user:
         return user
     if header := request.headers.get("X-Hearth-User"):

@@ -20,7 +20,7 @@ from ..completions import CompletionError
 from ..fleet.registry import UnknownModel
 from ..runtime import Runtime
 from ..scheduler import RANK_NAMES
-from .http import FLEET, ApiError, request_class
+from .http import CLASS_USED, FLEET, VOICE_SHARES, ApiError, request_class
 
 T = TypeVar("T")
 
@@ -45,26 +45,34 @@ def resolve(request: web.Request, name: str | None, *, ollama: bool = False
 @contextlib.asynccontextmanager
 async def use_model(request: web.Request, name: str | None, priority: str | int | None,
                     default_class: str, *, ollama: bool = False,
-                    keep_alive_s: float | None = None) -> AsyncIterator[tuple[Runtime, int]]:
-    """The request's model, loaded and held for the request, and its class."""
+                    keep_alive_s: float | None = None, user: str | None = None
+                    ) -> AsyncIterator[tuple[Runtime, int]]:
+    """The request's model, loaded and held for the request, and its class (``user``'s voice
+    past its share runs as chat; the answer's ``X-Hearth-Class`` header says which)."""
     fleet = request.app[FLEET]
     model, alias = resolve(request, name, ollama=ollama)
-    rank = request_class(request, priority, default_class, alias)
-    model = model or fleet.registry.for_class(RANK_NAMES[rank])
-    async with fleet.use(model, rank, keep_alive_s) as rt:
-        yield rt, rank
+    shares = request.app[VOICE_SHARES]
+    rank = shares.enter(user, request_class(request, priority, default_class, alias))
+    request[CLASS_USED] = RANK_NAMES[rank]
+    try:
+        model = model or fleet.registry.for_class(RANK_NAMES[rank])
+        async with fleet.use(model, rank, keep_alive_s) as rt:
+            yield rt, rank
+    finally:
+        shares.leave(user, rank)
 
 
 async def with_model(request: web.Request, name: str | None, priority: str | int | None,
                      default_class: str, run: Callable[[Runtime, int], Awaitable[T]], *,
-                     ollama: bool = False, keep_alive_s: float | None = None) -> T:
+                     ollama: bool = False, keep_alive_s: float | None = None,
+                     user: str | None = None) -> T:
     """``run(model, rank)`` on the request's model; when that is a remote worker found down
     before it took anything of the request (no connection, or 503), once more: by then the
     fleet sends it to the worker's fallback."""
     for retry in (True, False):
         try:
             async with use_model(request, name, priority, default_class, ollama=ollama,
-                                 keep_alive_s=keep_alive_s) as (rt, rank):
+                                 keep_alive_s=keep_alive_s, user=user) as (rt, rank):
                 return await run(rt, rank)
         except CompletionError as e:
             if e.code != "worker_down" or not retry:

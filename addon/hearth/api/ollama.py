@@ -232,7 +232,7 @@ async def _serve(request: web.Request, body: ChatBody | GenerateBody, inner: Any
         return await serve_completion(request, comp, body.stream, NDJSON, ndjson, out.whole)
 
     return await with_model(request, body.model, body.priority, "chat", run, ollama=True,
-                            keep_alive_s=convert.keep_alive_seconds(body.keep_alive))
+                            keep_alive_s=convert.keep_alive_seconds(body.keep_alive), user=user)
 
 
 class _Shaper:
@@ -343,7 +343,7 @@ async def _embed(request: web.Request, body: EmbedBody | LegacyEmbedBody, texts:
             raise
 
     return await with_model(request, body.model, body.priority, "embedding", run, ollama=True,
-                            keep_alive_s=convert.keep_alive_seconds(body.keep_alive))
+                            keep_alive_s=convert.keep_alive_seconds(body.keep_alive), user=user)
 
 
 def _shortened(vector: list[float], n: int) -> list[float]:
