@@ -14,7 +14,7 @@ from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
 
-from .api import HearthClient, HearthError, InvalidAuth, NotReady
+from .api import HearthClient, HearthError, InvalidAuth, NotReady, server_id
 from .const import DOMAIN, LOGGER
 from .coordinator import HearthQueueCoordinator
 from .entity import server_device_info
@@ -79,6 +79,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
             translation_placeholders={"url": client.url, "error": str(err)},
         ) from err
 
+    _async_adopt_server_id(hass, entry, health)
     coordinator = HearthQueueCoordinator(hass, entry, client)
     await coordinator.async_config_entry_first_refresh()
 
@@ -116,3 +117,15 @@ async def async_remove_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> N
 async def _async_update_listener(hass: HomeAssistant, entry: HearthConfigEntry) -> None:
     """Reload when the entry or its subentries change."""
     await hass.config_entries.async_reload(entry.entry_id)
+
+
+def _async_adopt_server_id(
+    hass: HomeAssistant, entry: HearthConfigEntry, health: dict[str, Any]
+) -> None:
+    """Identify the entry by the id its server gives itself, so the same server is not added
+    again at another address or by discovery (entries made before servers said one)."""
+    found = server_id(health)
+    if not found or entry.unique_id == found:
+        return
+    if hass.config_entries.async_entry_for_domain_unique_id(DOMAIN, found) is None:
+        hass.config_entries.async_update_entry(entry, unique_id=found)

@@ -62,6 +62,13 @@ class ServerEvent:
         return json.loads(self.data)
 
 
+def server_id(health: dict[str, Any]) -> str | None:
+    """The id a server gives itself in its /health (``server_id``), the same at any address;
+    None from a server that says none."""
+    found = health.get("server_id")
+    return found if isinstance(found, str) and found else None
+
+
 def normalize_url(url: str) -> str:
     """Return the base URL without a trailing slash or a trailing /v1."""
     url = url.strip().rstrip("/")

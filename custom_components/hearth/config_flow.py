@@ -7,54 +7,41 @@ from typing import Any
 
 import voluptuous as vol
 from homeassistant.config_entries import (
+    SOURCE_HASSIO,
     ConfigEntry,
-    ConfigEntryState,
     ConfigFlow,
     ConfigFlowResult,
     ConfigSubentryFlow,
-    SubentryFlowResult,
 )
-from homeassistant.const import CONF_API_KEY, CONF_LLM_HASS_API, CONF_NAME, CONF_URL
+from homeassistant.const import CONF_API_KEY, CONF_URL
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers import config_validation as cv
-from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.selector import (
-    NumberSelector,
-    NumberSelectorConfig,
-    NumberSelectorMode,
-    SelectOptionDict,
-    SelectSelector,
-    SelectSelectorConfig,
-    SelectSelectorMode,
-    TemplateSelector,
     TextSelector,
     TextSelectorConfig,
     TextSelectorType,
 )
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
-from homeassistant.helpers.typing import VolDictType
 
-from .api import CannotConnect, HearthClient, HearthError, InvalidAuth, normalize_url
+from .api import (
+    CannotConnect,
+    HearthClient,
+    HearthError,
+    InvalidAuth,
+    normalize_url,
+    server_id,
+)
 from .const import (
-    CLASS_POLICY_AUTO,
-    CONF_CLASS_POLICY,
-    CONF_MAX_HISTORY,
-    CONF_MAX_TOKENS,
-    CONF_MODEL,
-    CONF_PROMPT,
-    CONF_REQUEST_CLASS,
-    CONF_TEMPERATURE,
     DEFAULT_AI_TASK_NAME,
     DEFAULT_CONVERSATION_NAME,
     DEFAULT_NAME,
     DOMAIN,
-    GENERATION_CLASSES,
     LOGGER,
-    MODEL_CLASS_DEFAULT,
     RECOMMENDED_AI_TASK_OPTIONS,
     RECOMMENDED_CONVERSATION_OPTIONS,
 )
+from .subentry_flow import HearthSubentryFlowHandler
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -81,19 +68,22 @@ STEP_REAUTH_SCHEMA = vol.Schema(
 )
 
 
-async def _async_validate(hass: HomeAssistant, url: str, api_key: str | None) -> dict[str, str]:
-    """Check the server; return form errors (empty when it is ready and takes the key)."""
+async def _async_validate(
+    hass: HomeAssistant, url: str, api_key: str | None
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Check the server; return form errors (empty when it is ready and takes the key) and
+    its /health."""
     client = HearthClient(async_get_clientsession(hass), url, api_key)
     try:
-        await client.async_validate()
+        health = await client.async_validate()
     except InvalidAuth:
-        return {"base": "invalid_auth"}
+        return {"base": "invalid_auth"}, {}
     except CannotConnect:
-        return {"base": "cannot_connect"}
+        return {"base": "cannot_connect"}, {}
     except HearthError:
         LOGGER.exception("Unexpected answer from the Hearth server at %s", url)
-        return {"base": "unknown"}
-    return {}
+        return {"base": "unknown"}, {}
+    return {}, health
 
 
 def _entry_data(url: str, api_key: str | None) -> dict[str, Any]:
@@ -144,8 +134,12 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
             else:
                 self._async_abort_entries_match({CONF_URL: url})
                 api_key = user_input.get(CONF_API_KEY)
-                errors = await _async_validate(self.hass, url, api_key)
+                errors, health = await _async_validate(self.hass, url, api_key)
                 if not errors:
+                    # The same server under another address (or discovered as the add-on).
+                    if found := server_id(health):
+                        await self.async_set_unique_id(found)
+                        self._abort_if_unique_id_configured()
                     return self.async_create_entry(
                         title=DEFAULT_NAME,
                         data=_entry_data(url, api_key),
@@ -165,10 +159,20 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
         url = normalize_url(f"http://{config['host']}:{config['port']}")
         data = _entry_data(url, config.get(CONF_API_KEY))
 
-        await self.async_set_unique_id(discovery_info.uuid)
-        # Known add-on: follow it to its new address (the entry's update listener reloads it).
-        self._abort_if_unique_id_configured(updates=data, reload_on_update=False)
-        # Already set up by hand at the same address.
+        # The server's own id, where it answers and says one: the same server set up by hand
+        # at another address is then known too.
+        _, health = await _async_validate(self.hass, url, data.get(CONF_API_KEY))
+        found = server_id(health)
+        for unique_id in (discovery_info.uuid, found):
+            known = unique_id and self.hass.config_entries.async_entry_for_domain_unique_id(
+                DOMAIN, unique_id
+            )
+            if known:
+                if known.source == SOURCE_HASSIO or unique_id == discovery_info.uuid:
+                    self._async_follow_addon(known, data)
+                return self.async_abort(reason="already_configured")
+        await self.async_set_unique_id(found or discovery_info.uuid)
+        # Already set up by hand at the same address (a server that says no id).
         self._async_abort_entries_match({CONF_URL: url})
 
         self._discovered = data
@@ -182,7 +186,7 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
         """Let the user confirm the discovered add-on before anything is created."""
         errors: dict[str, str] = {}
         if user_input is not None:
-            errors = await _async_validate(
+            errors, _ = await _async_validate(
                 self.hass, self._discovered[CONF_URL], self._discovered.get(CONF_API_KEY)
             )
             if not errors:
@@ -211,7 +215,7 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
         errors: dict[str, str] = {}
         if user_input is not None:
             api_key = user_input.get(CONF_API_KEY)
-            errors = await _async_validate(self.hass, entry.data[CONF_URL], api_key)
+            errors, _ = await _async_validate(self.hass, entry.data[CONF_URL], api_key)
             if not errors:
                 return self._async_update_and_reload(
                     entry, _entry_data(entry.data[CONF_URL], api_key)
@@ -239,7 +243,7 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
                     if other.entry_id != entry.entry_id and other.data.get(CONF_URL) == url:
                         return self.async_abort(reason="already_configured")
                 api_key = user_input.get(CONF_API_KEY)
-                errors = await _async_validate(self.hass, url, api_key)
+                errors, _ = await _async_validate(self.hass, url, api_key)
                 if not errors:
                     return self._async_update_and_reload(entry, _entry_data(url, api_key))
         suggested = user_input or {
@@ -253,6 +257,17 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
             ),
             errors=errors,
         )
+
+    @callback
+    def _async_follow_addon(self, entry: ConfigEntry, data: dict[str, Any]) -> None:
+        """The entry made from the add-on's discovery follows it to its new address (reloaded
+        by its listener, or here when its set-up had failed). An entry set up by hand is not
+        passed here: it keeps the address its user chose."""
+        if dict(entry.data) == data:
+            return
+        self.hass.config_entries.async_update_entry(entry, data=data)
+        if not entry.update_listeners:
+            self.hass.config_entries.async_schedule_reload(entry.entry_id)
 
     def _async_update_and_reload(
         self, entry: ConfigEntry, data: dict[str, Any]
@@ -277,137 +292,3 @@ class HearthConfigFlow(ConfigFlow, domain=DOMAIN):
             "conversation": HearthSubentryFlowHandler,
             "ai_task_data": HearthSubentryFlowHandler,
         }
-
-
-class HearthSubentryFlowHandler(ConfigSubentryFlow):
-    """Add or change a conversation agent or an AI Task entity."""
-
-    @property
-    def _is_new(self) -> bool:
-        return self.source == "user"
-
-    async def async_step_set_options(
-        self, user_input: dict[str, Any] | None = None
-    ) -> SubentryFlowResult:
-        """Show and store the options."""
-        if self._get_entry().state is not ConfigEntryState.LOADED:
-            return self.async_abort(reason="entry_not_loaded")
-
-        if user_input is not None:
-            data = _clean_options(self._subentry_type, user_input)
-            if self._is_new:
-                return self.async_create_entry(title=data.pop(CONF_NAME), data=data)
-            return self.async_update_and_abort(
-                self._get_entry(), self._get_reconfigure_subentry(), data=data
-            )
-
-        if self._is_new:
-            options: dict[str, Any] = dict(
-                RECOMMENDED_AI_TASK_OPTIONS
-                if self._subentry_type == "ai_task_data"
-                else RECOMMENDED_CONVERSATION_OPTIONS
-            )
-        else:
-            options = dict(self._get_reconfigure_subentry().data)
-        # The server's models, as its last queue poll listed them (and the one picked before,
-        # should the server no longer serve it).
-        served = (self._get_entry().runtime_data.coordinator.data or {}).get("models") or {}
-        models = [*served, *([options[CONF_MODEL]] if options.get(CONF_MODEL) else [])]
-        return self.async_show_form(
-            step_id="set_options",
-            data_schema=self.add_suggested_values_to_schema(
-                vol.Schema(
-                    _options_schema(self.hass, self._subentry_type, self._is_new, models)
-                ),
-                _valid_api_selection(self.hass, options),
-            ),
-        )
-
-    async_step_user = async_step_set_options
-    async_step_reconfigure = async_step_set_options
-
-
-def _valid_api_selection(hass: HomeAssistant, options: dict[str, Any]) -> dict[str, Any]:
-    """Drop LLM APIs that no longer exist from the suggested values."""
-    selected = options.get(CONF_LLM_HASS_API)
-    if selected:
-        if isinstance(selected, str):
-            selected = [selected]
-        valid = {api.id for api in llm.async_get_apis(hass)}
-        options[CONF_LLM_HASS_API] = [api for api in selected if api in valid]
-    return options
-
-
-def _clean_options(subentry_type: str, user_input: dict[str, Any]) -> dict[str, Any]:
-    data = dict(user_input)
-    if not data.get(CONF_LLM_HASS_API):
-        data.pop(CONF_LLM_HASS_API, None)
-    if data.get(CONF_MODEL) in (None, "", MODEL_CLASS_DEFAULT):
-        data.pop(CONF_MODEL, None)  # left to the server: each class's own model
-    for key in (CONF_MAX_TOKENS, CONF_MAX_HISTORY):
-        if data.get(key) is not None:
-            data[key] = int(data[key])
-    if data.get(CONF_TEMPERATURE) is not None:
-        data[CONF_TEMPERATURE] = float(data[CONF_TEMPERATURE])
-    return data
-
-
-def _options_schema(
-    hass: HomeAssistant, subentry_type: str, is_new: bool, models: list[str]
-) -> VolDictType:
-    schema: VolDictType = {}
-    if is_new:
-        default_name = (
-            DEFAULT_AI_TASK_NAME if subentry_type == "ai_task_data" else DEFAULT_CONVERSATION_NAME
-        )
-        schema[vol.Required(CONF_NAME, default=default_name)] = str
-    choices = [MODEL_CLASS_DEFAULT, *dict.fromkeys(m for m in models if m != MODEL_CLASS_DEFAULT)]
-    schema[vol.Required(CONF_MODEL, default=MODEL_CLASS_DEFAULT)] = SelectSelector(
-        SelectSelectorConfig(
-            options=choices, translation_key="model", mode=SelectSelectorMode.DROPDOWN
-        )
-    )
-
-    max_tokens = NumberSelector(
-        NumberSelectorConfig(min=1, max=32768, step=1, mode=NumberSelectorMode.BOX)
-    )
-    if subentry_type == "ai_task_data":
-        schema[vol.Required(CONF_REQUEST_CLASS)] = SelectSelector(
-            SelectSelectorConfig(
-                options=list(GENERATION_CLASSES),
-                translation_key="request_class",
-                mode=SelectSelectorMode.DROPDOWN,
-            )
-        )
-        schema[vol.Required(CONF_MAX_TOKENS)] = max_tokens
-        return schema
-
-    schema.update(
-        {
-            vol.Optional(CONF_PROMPT): TemplateSelector(),
-            vol.Optional(CONF_LLM_HASS_API): SelectSelector(
-                SelectSelectorConfig(
-                    options=[
-                        SelectOptionDict(label=api.name, value=api.id)
-                        for api in llm.async_get_apis(hass)
-                    ],
-                    multiple=True,
-                )
-            ),
-            vol.Required(CONF_MAX_TOKENS): max_tokens,
-            vol.Required(CONF_TEMPERATURE): NumberSelector(
-                NumberSelectorConfig(min=0, max=2, step=0.05, mode=NumberSelectorMode.SLIDER)
-            ),
-            vol.Required(CONF_MAX_HISTORY): NumberSelector(
-                NumberSelectorConfig(min=0, max=1000, step=1, mode=NumberSelectorMode.BOX)
-            ),
-            vol.Required(CONF_CLASS_POLICY, default=CLASS_POLICY_AUTO): SelectSelector(
-                SelectSelectorConfig(
-                    options=[CLASS_POLICY_AUTO, *GENERATION_CLASSES],
-                    translation_key="class_policy",
-                    mode=SelectSelectorMode.DROPDOWN,
-                )
-            ),
-        }
-    )
-    return schema

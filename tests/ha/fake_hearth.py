@@ -79,6 +79,8 @@ class FakeHearth:
         # /health answers this status instead of 200: 503 as a server still loading its model
         # does, 500 as one that is broken.
         self.health_status: int | None = None
+        # The id /health gives the server (servers before it say none).
+        self.server_id: str | None = None
         self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
         # /v1/queue answers this status instead of 200 (a server gone away answers 500 here).
         self.queue_status: int | None = None
@@ -140,6 +142,13 @@ class FakeHearth:
         await site.start()
         self.port = self._runner.addresses[0][1]
 
+    async def another_port(self) -> int:
+        """Answer on a second port too (another address of the same server); return it."""
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
     async def stop(self) -> None:
         """Stop serving (ending the open event streams first)."""
         for _ in range(self.event_subscribers):
@@ -157,6 +166,8 @@ class FakeHearth:
                 status=self.health_status,
             )
         body: dict[str, Any] = {"status": "ready", "model": "fake-model", "version": "0.1.0"}
+        if self.server_id:
+            body["server_id"] = self.server_id
         if (worker := self.queue.get("worker")) is not None:
             body["cpu"] = {"variant": worker["cpu_variant"], "rung": worker["cpu_rung"],
                            "rungs_skipped": worker["rungs_skipped"]}
