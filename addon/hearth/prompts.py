@@ -235,6 +235,17 @@ def _fit_pieces(text: str, parts: list[str], contents: list[str]) -> list[tuple[
     return [(t, special) for t, special in pieces if t]
 
 
+def template_capabilities(template: str) -> list[str]:
+    """What a chat model can do, in Ollama's words (``/api/show``; ``/v1/queue`` too): tools
+    (Hearth serves tools on any template) and thinking where the template has a chain of
+    thought. Never ``vision``: Hearth reads no images. Not ``embedding``: Ollama reserves it for
+    embedding-only models, and clients hide those from chat pickers."""
+    caps = ["completion", "tools"]
+    if any(mark in template for mark in ("<think>", "enable_thinking", "reasoning_content")):
+        caps.append("thinking")
+    return caps
+
+
 def _json_args(args: Any) -> Any:
     if isinstance(args, str):
         try:

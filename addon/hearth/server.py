@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,23 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
+SERVER_ID = web.AppKey("server_id", str)
+
+
+def server_id(data_dir: str) -> str:
+    """This server's id, the same at any address and across restarts (kept in data_dir):
+    Home Assistant tells one server added by hand and found by discovery by it."""
+    path = Path(data_dir) / "server_id"
+    try:
+        found = path.read_text().strip()
+        if found:
+            return found
+    except OSError:
+        pass
+    made = uuid.uuid4().hex
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(made + "\n")
+    return made
 
 
 # -- OpenAI-compatible -------------------------------------------------------------------------
@@ -58,7 +76,7 @@ async def health(request: web.Request) -> web.Response:
     state = fleet.state
     body: dict[str, Any] = {"status": state,
                             "model": primary.model_id if primary.state == "ready" else None,
-                            "version": __version__}
+                            "version": __version__, "server_id": request.app[SERVER_ID]}
     if state == "ready":
         body["backends"] = sorted({b for w in fleet.loaded() for b in w.rt.backends})
         if (sup := getattr(primary, "supervisor", None)) is not None:  # its llama.cpp's CPU
@@ -253,6 +271,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY)
     fleet = Fleet(settings, runtime)
     app[FLEET] = fleet
+    app[SERVER_ID] = server_id(settings.data_dir)
     app[GUARD] = Guard(settings.allowed_hosts, settings.allowed_origins, own_names=[settings.host])
     app[VOICE_SHARES] = VoiceShares(settings.voice_per_member)
     app.on_response_prepare.append(class_header)

@@ -17,6 +17,7 @@ from aiohttp import web
 from ..backend import l2_normalised
 from ..completions import CompletionError
 from ..fleet.gguf import FILE_TYPES
+from ..prompts import template_capabilities
 from ..serving import completion, embedding_inputs_async, embeddings
 from . import ollama_convert as convert
 from .http import FLEET, ApiError, read_body, ready, request_user, serve_completion
@@ -54,16 +55,6 @@ def _details(w: Any) -> dict[str, Any]:
             "parameter_size": meta.get("general.size_label") or
             (words[1] if len(words) > 1 else ""),
             "quantization_level": quant}
-
-
-def _capabilities(template: str) -> list[str]:
-    """As Ollama lists them for a chat model: tools (Hearth lists tools for any template) and
-    thinking where the template has a chain of thought. Not "embedding": Ollama reserves it for
-    embedding-only models, and clients hide those from chat pickers."""
-    caps = ["completion", "tools"]
-    if any(mark in template for mark in ("<think>", "enable_thinking", "reasoning_content")):
-        caps.append("thinking")
-    return caps
 
 
 def _file_facts(w: Any) -> tuple[int, str, str]:
@@ -143,7 +134,7 @@ async def show(request: web.Request) -> web.Response:
         "modelfile": f"# Served by Hearth from {where}\nFROM {where}\n",
         "parameters": "", "template": template,
         "details": details, "model_info": info,
-        "capabilities": _capabilities(template), "modified_at": modified})
+        "capabilities": template_capabilities(template), "modified_at": modified})
 
 
 async def pull(request: web.Request) -> web.StreamResponse:

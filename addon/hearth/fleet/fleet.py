@@ -24,6 +24,7 @@ from ..engine.arbiter import Arbiter
 from ..models import ModelNotFound, resolve
 from ..policy.arbitration import Arbitration
 from ..policy.residency import Plan, ResidencyPolicy
+from ..prompts import template_capabilities
 from ..runtime import Runtime
 from ..scheduler import INTERACTIVE_RANK
 from ..settings import CLASS_NAMES, Settings
@@ -138,6 +139,9 @@ class Fleet:
                 "aliases": list(w.entry.spec.aliases), "memory_bytes": w.bytes,
                 "keep_alive_s": v.keep_alive_s, "expires_in_s": expires, "in_use": w.leases,
                 "progress": w.rt.progress, "loads": w.loads, "unloads": w.unloads,
+                # what the model can do (its template's, once it has been loaded)
+                "capabilities": template_capabilities(w.rt.formatter.source)
+                if getattr(w.rt, "formatter", None) is not None else [],
                 "last_load_s": w.rt.load_s,
                 "worker": w.rt.supervisor.report() if w.rt.supervisor else None,
                 "paused_for_others_s": self._paused(w),
