@@ -21,6 +21,7 @@ from .entity import server_device_info
 from .issues import async_clear_issues
 from .jobs import HearthJobWatcher, pending_store
 from .services import async_setup_services
+from .warm import heard_store
 
 PLATFORMS = (
     Platform.AI_TASK,
@@ -111,6 +112,8 @@ async def async_unload_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> b
 async def async_remove_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> None:
     """Forget the entry's unfinished jobs and its repair issues with it."""
     await pending_store(hass, entry.entry_id).async_remove()
+    for subentry_id in entry.subentries:
+        await heard_store(hass, subentry_id).async_remove()
     async_clear_issues(hass, entry.entry_id)
 
 

@@ -93,14 +93,17 @@ _LLM_CONTEXT_FIELDS = frozenset(field.name for field in dataclasses.fields(llm.L
 
 
 def agent_llm_context(
-    hass: HomeAssistant, agent_id: str | None, device_id: str | None = None
+    hass: HomeAssistant,
+    agent_id: str | None,
+    device_id: str | None = None,
+    user_id: str | None = None,
 ) -> llm.LLMContext:
-    """The LLM context of a voice turn for the agent ``agent_id`` that names no user, from
-    ``device_id`` (a satellite) or none (Assist in a browser): what a warm-up renders the
-    prompt with."""
+    """The LLM context of a turn for the agent ``agent_id`` from ``device_id`` (a satellite)
+    or none, naming no user (a voice turn) or ``user_id``: what a warm-up renders the prompt
+    with."""
     fields: dict[str, Any] = {
         "platform": DOMAIN,
-        "context": Context(),
+        "context": Context(user_id=user_id),
         "language": hass.config.language,
         "assistant": CONVERSATION_DOMAIN,
         "device_id": device_id,
@@ -108,3 +111,14 @@ def agent_llm_context(
     if "agent_id" in _LLM_CONTEXT_FIELDS:
         fields["agent_id"] = agent_id
     return llm.LLMContext(**fields)
+
+
+def apis_require_admin(hass: HomeAssistant, api_ids: Any) -> bool:
+    """Whether one of the LLM APIs ``api_ids`` serves administrators only (2026.11's Home
+    Assistant API): its prompt cannot be built for nobody."""
+    wanted = {api_ids} if isinstance(api_ids, str) else set(api_ids or ())
+    return any(
+        getattr(api, "requires_admin", False)
+        for api in llm.async_get_apis(hass)
+        if api.id in wanted
+    )

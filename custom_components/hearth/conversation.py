@@ -11,10 +11,10 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers import llm
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from .compat import agent_llm_context
+from .compat import agent_llm_context, apis_require_admin
 from .const import CLASS_POLICY_AUTO, CONF_CLASS_POLICY, CONF_PROMPT, DOMAIN
 from .entity import HearthBaseLLMEntity, warm_up_body
-from .warm import PromptWarmer
+from .warm import PromptWarmer, heard_store
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -134,7 +134,9 @@ class HearthConversationEntity(
             self.entry,
             self._async_warm_up_body,
             follow_home=bool(self.subentry.data.get(CONF_LLM_HASS_API)),
+            store=heard_store(self.hass, self.subentry.subentry_id),
         )
+        await self.warmer.async_load()
         self.async_on_remove(self.warmer.async_start())
 
     async def async_will_remove_from_hass(self) -> None:
@@ -162,8 +164,11 @@ class HearthConversationEntity(
             user_input,
             policy == CLASS_POLICY_AUTO and started_from_audio(self.hass, user_input),
         )
-        if request_class == "voice" and user_input.device_id and self.warmer is not None:
-            self.warmer.async_heard(user_input.device_id)
+        if self.warmer is not None:
+            if request_class == "voice" and user_input.device_id:
+                self.warmer.async_heard(user_input.device_id)
+            if user_input.context and user_input.context.user_id:
+                self.warmer.async_used_by(user_input.context.user_id)
         await self._async_handle_chat_log(
             chat_log,
             request_class=request_class,
@@ -186,14 +191,21 @@ class HearthConversationEntity(
             extra_system_prompt,
         )
 
-    async def _async_warm_up_body(self, device_id: str | None) -> dict[str, Any]:
-        """The warm-up of the prompt a voice turn from ``device_id`` (or none) starts with.
+    async def _async_warm_up_body(self, device_id: str | None) -> dict[str, Any] | None:
+        """The warm-up of the prompt a voice turn from ``device_id`` (or none) starts with;
+        for an LLM API that serves administrators only, of the last user's turn (None before
+        the agent has had one).
 
         The chat log is a scratch one: Home Assistant's chat sessions never hold it.
         """
+        user_id = None
+        if apis_require_admin(self.hass, self.subentry.data.get(CONF_LLM_HASS_API)):
+            user_id = self.warmer.user_id if self.warmer else None
+            if user_id is None:
+                return None
         chat_log = conversation.ChatLog(self.hass, f"{DOMAIN}_warm_up_{self.subentry.subentry_id}")
         await self._async_provide_llm_data(
-            chat_log, agent_llm_context(self.hass, self.entity_id, device_id)
+            chat_log, agent_llm_context(self.hass, self.entity_id, device_id, user_id)
         )
         policy = self.subentry.data.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO)
         return warm_up_body(

@@ -10,9 +10,11 @@ An agent warms its prompt when it is added, once Home Assistant has started (bef
 entity is there yet); when what the prompt says about the home changes (entities exposed to
 Assist, their names, aliases and areas), debounced so that a burst of changes sends one
 warm-up; and when the server answers again after being unreachable (it may have restarted with
-another model). Changed agent options reload the entity, which warms it again. A device in an
-area gets a prompt of its own ("You are in area ..."): the devices whose voice turns used the
-agent are warmed too.
+another model); and when an entity appears or goes (one whose integration loads late). Changed
+agent options reload the entity, which warms it again. A device in an area gets a prompt of its
+own ("You are in area ..."): the devices whose voice turns used the agent are warmed too, and
+remembered across reloads and restarts. An agent whose LLM API is for administrators only is
+warmed for the last user who used it (a prompt for nobody cannot be built).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from homeassistant.components.conversation import DOMAIN as CONVERSATION_DOMAIN
 from homeassistant.components.homeassistant.exposed_entities import (
     async_listen_entity_updates,
 )
+from homeassistant.const import EVENT_STATE_CHANGED
 from homeassistant.core import CALLBACK_TYPE, Event, HomeAssistant, callback
 from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import device_registry as dr
@@ -34,9 +37,10 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers.debounce import Debouncer
 from homeassistant.helpers.start import async_at_started
+from homeassistant.helpers.storage import Store
 
 from .api import CannotConnect, HearthError, NotFound
-from .const import LOGGER
+from .const import DOMAIN, LOGGER
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -59,6 +63,20 @@ REGISTRY_EVENTS = (
 _TIME_OF_DAY = re.compile(r"Current time is [0-9:]+\. Today's date is [0-9-]+\.")
 
 
+# How long a change of the devices and user heard waits before it is written to storage.
+HEARD_SAVE_DELAY = 10.0
+
+
+def heard_store(hass: HomeAssistant, subentry_id: str) -> Store[dict[str, Any]]:
+    """Where an agent's warmer keeps the devices and the user it heard."""
+    return Store(hass, 1, f"{DOMAIN}.heard.{subentry_id}")
+
+
+@callback
+def _entity_came_or_went(data: Any) -> bool:
+    return data["old_state"] is None or data["new_state"] is None
+
+
 def prompt_key(body: dict[str, Any]) -> str:
     """What tells two warm-up bodies apart, the time of day left out."""
     return _TIME_OF_DAY.sub("", json.dumps(body, sort_keys=True))
@@ -75,21 +93,27 @@ class PromptWarmer:
         self,
         hass: HomeAssistant,
         entry: HearthConfigEntry,
-        build: Callable[[str | None], Awaitable[dict[str, Any]]],
+        build: Callable[[str | None], Awaitable[dict[str, Any] | None]],
         *,
         follow_home: bool,
+        store: Store[dict[str, Any]] | None = None,
     ) -> None:
-        """Initialize; ``build(device_id)`` returns the warm-up body for a device (or none).
+        """Initialize; ``build(device_id)`` returns the warm-up body for a device (or none),
+        None when there is nothing to warm yet.
 
-        ``follow_home``: re-warm when exposed entities or the registries change (an agent
-        without an LLM API says nothing about the home).
+        ``follow_home``: re-warm when exposed entities, the registries or the set of entities
+        change (an agent without an LLM API says nothing about the home). ``store``: where the
+        devices and the user heard are kept (see ``heard_store``).
         """
         self.hass = hass
         self.entry = entry
         self._build = build
         self._follow_home = follow_home
+        self._store = store
         # Devices whose voice turns this agent answered, the most recent last.
         self.devices: dict[str, None] = {}
+        # The Home Assistant user of the agent's last turn that named one.
+        self.user_id: str | None = None
         # Per device (None: no device), the key of the body last queued or warmed.
         self._wanted: dict[str | None, str] = {}
         self._pending: dict[str | None, tuple[str, dict[str, Any]]] = {}
@@ -101,6 +125,27 @@ class PromptWarmer:
         self._debouncer: Debouncer[Coroutine[Any, Any, None]] = Debouncer(
             hass, LOGGER, cooldown=WARM_UP_COOLDOWN, immediate=False, function=self._async_refresh
         )
+
+    async def async_load(self) -> None:
+        """Take back the devices and the user heard before a reload or restart."""
+        data = await self._store.async_load() if self._store else None
+        if not isinstance(data, dict):
+            return
+        for device_id in data.get("devices") or ():
+            if isinstance(device_id, str):
+                self.devices[device_id] = None
+        while len(self.devices) > MAX_WARM_DEVICES:
+            del self.devices[next(iter(self.devices))]
+        if isinstance(user_id := data.get("user_id"), str):
+            self.user_id = user_id
+
+    @callback
+    def _async_save(self) -> None:
+        if self._store is not None:
+            self._store.async_delay_save(
+                lambda: {"devices": list(self.devices), "user_id": self.user_id},
+                HEARD_SAVE_DELAY,
+            )
 
     @callback
     def async_start(self) -> CALLBACK_TYPE:
@@ -118,6 +163,15 @@ class PromptWarmer:
                 hass.bus.async_listen(event_type, self._async_registry_updated)
                 for event_type in REGISTRY_EVENTS
             ]
+            # An entity that appears (its integration set up after Home Assistant started) or
+            # goes changes the prompt without a registry event.
+            unsubs.append(
+                hass.bus.async_listen(
+                    EVENT_STATE_CHANGED,
+                    self._async_registry_updated,
+                    event_filter=_entity_came_or_went,
+                )
+            )
 
         @callback
         def stop() -> None:
@@ -140,12 +194,26 @@ class PromptWarmer:
     def async_heard(self, device_id: str) -> None:
         """A voice turn from ``device_id`` used this agent: warm its prompt from now on (this
         turn's own prompt is cached by the server as it finishes)."""
+        if list(self.devices)[-1:] == [device_id]:
+            return
         self.devices.pop(device_id, None)
         self.devices[device_id] = None
         while len(self.devices) > MAX_WARM_DEVICES:
             forgotten = next(iter(self.devices))
             del self.devices[forgotten]
             self._wanted.pop(forgotten, None)
+        self._async_save()
+
+    @callback
+    def async_used_by(self, user_id: str) -> None:
+        """A turn of ``user_id`` used this agent: the user a prompt for administrators only is
+        warmed for (warmed now if there was none)."""
+        if user_id == self.user_id:
+            return
+        first, self.user_id = self.user_id is None, user_id
+        self._async_save()
+        if first:
+            self.async_schedule()
 
     @callback
     def _async_started(self, hass: HomeAssistant) -> None:
@@ -186,6 +254,8 @@ class PromptWarmer:
             except Exception as err:  # a warm-up never breaks the agent, whatever went wrong
                 LOGGER.warning("Could not build the prompt to warm up: %s", err)
                 return
+            if body is None:
+                continue
             key = prompt_key(body)
             if not force and self._wanted.get(device_id) == key:
                 continue
