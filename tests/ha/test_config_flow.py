@@ -15,7 +15,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.hearth.const import CONF_CLASS_POLICY, CONF_REQUEST_CLASS, DOMAIN
 
-from .conftest import API_KEY, FakeHearth
+from .conftest import API_KEY, FakeHearth, async_server_get
 
 pytestmark = [pytest.mark.ha, pytest.mark.model, pytest.mark.usefixtures("socket_enabled")]
 
@@ -146,7 +146,10 @@ async def test_hassio_discovery_confirm(
     assert result["type"] is FlowResultType.CREATE_ENTRY
     assert result["data"] == {CONF_URL: hearth_server.url, CONF_API_KEY: API_KEY}
     entry = result["result"]
-    assert entry.unique_id == "addon-uuid-1"
+    # The server's own id (any address, by hand or discovered); the add-on's uuid for a
+    # server that gives none.
+    health = await async_server_get(hass, hearth_server, "/health")
+    assert entry.unique_id == health.get("server_id", "addon-uuid-1")
     assert len(entry.subentries) == 2
 
 
