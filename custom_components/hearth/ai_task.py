@@ -60,6 +60,8 @@ def model_has_vision(queue: dict[str, Any] | None, options: Mapping[str, Any]) -
             (n for n, m in models.items() if request_class in (m.get("classes") or ())), None
         )
     model = models.get(name) if name else None
+    if model is None and name:  # picked by one of its aliases
+        model = next((m for m in models.values() if name in (m.get("aliases") or ())), None)
     return isinstance(model, dict) and "vision" in (model.get("capabilities") or ())
 
 

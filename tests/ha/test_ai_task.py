@@ -122,7 +122,8 @@ async def test_structured_request_format(
     assert schema["properties"]["note"]["type"] == ["string", "null"]
 
 
-VISION_MODEL = {"classes": ["chat", "background"], "capabilities": ["completion", "vision"]}
+VISION_MODEL = {"classes": ["chat", "background"], "aliases": ["seer:chat"],
+                "capabilities": ["completion", "vision"]}
 TEXT_MODEL = {"classes": ["voice", "background"], "capabilities": ["completion", "tools"]}
 
 
@@ -168,7 +169,7 @@ async def test_attachments_declared_only_with_vision(
         s for s in fake_entry.subentries.values() if s.subentry_type == "ai_task_data"
     )
     hass.config_entries.async_update_subentry(
-        fake_entry, subentry, data={**subentry.data, CONF_MODEL: "seer"}
+        fake_entry, subentry, data={**subentry.data, CONF_MODEL: "seer:chat"}  # an alias
     )
     await hass.async_block_till_done()
     assert _takes_attachments(hass, fake_entry)

@@ -1,5 +1,5 @@
-"""What the sensors hand the recorder: state classes that hold for long-term statistics, and no
-new state on a poll where nothing but a clock moved."""
+"""What the sensors hand the recorder: state classes that hold for long-term statistics, no new
+state on a poll where nothing but a clock moved; the voice prefix-cache sensors."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from freezegun.api import FrozenDateTimeFactory
+from homeassistant.const import STATE_UNKNOWN
 from homeassistant.core import Event, HomeAssistant
 from homeassistant.util import dt as dt_util
 from pytest_homeassistant_custom_component.common import MockConfigEntry
@@ -90,3 +91,41 @@ async def test_ages_do_not_write_a_state_each_poll(
     assert dt_util.parse_datetime(hass.states.get(oldest).state) > dt_util.parse_datetime(
         cached_at
     )
+
+
+async def test_voice_cache_sensors(hass: HomeAssistant, fake_hearth: FakeHearth) -> None:
+    """The voice cache sensors read /v1/queue's prefix cache by class; on an older server that
+    has no such report they are unknown."""
+    entry = await async_setup_hearth(hass, fake_hearth.url)
+    coordinator = entry.runtime_data.coordinator
+
+    def state(key: str) -> Any:
+        return hass.states.get(sensor_of(hass, entry, "sensor", key))
+
+    keys = ("voice_hit_rate", "voice_entries", "voice_oldest", "warm_ups")
+    for key in keys:
+        assert state(f"prefix_cache_{key}").state == STATE_UNKNOWN
+
+    voice = {"entries": 3, "cells": 2400, "kept": 2, "oldest_s": 125.4, "lookups": 8,
+             "hit_rate": 0.875}
+    fake_hearth.queue["prefix_cache"].update(
+        warm_ups=5, by_class={"voice": voice, "chat": {**voice, "entries": 0}}
+    )
+    await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert float(state("prefix_cache_voice_hit_rate").state) == pytest.approx(87.5)
+    entries = state("prefix_cache_voice_entries")
+    assert entries.state == "3"
+    assert entries.attributes["cells"] == 2400
+    assert entries.attributes["kept"] == 2
+    oldest = state("prefix_cache_voice_oldest")
+    cached_at = dt_util.parse_datetime(oldest.state)
+    assert (dt_util.utcnow() - cached_at).total_seconds() == pytest.approx(125.4, abs=2)
+    assert oldest.attributes["device_class"] == "timestamp"
+    assert state("prefix_cache_warm_ups").state == "5"
+
+    # No voice turn has looked yet: no hit rate rather than 0 %.
+    fake_hearth.queue["prefix_cache"]["by_class"]["voice"].update(lookups=0, hit_rate=0.0)
+    await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert state("prefix_cache_voice_hit_rate").state == STATE_UNKNOWN

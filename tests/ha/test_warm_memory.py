@@ -1,6 +1,7 @@
-"""Warm-ups that depend on what the agent remembers or on entities that come late: the
-satellites heard survive a reload, an entity that appears re-warms, and an LLM API for
-administrators only is warmed for the agent's last user (against the fake server)."""
+"""Warm-ups that depend on what the agent remembers or on what comes late: the satellites heard
+survive a reload, an entity that appears re-warms, a server back after an outage is warmed
+again, and an LLM API for administrators only is warmed for the agent's last user (against
+the fake server)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,23 @@ async def test_an_entity_that_appears_warms_again(
     hass.states.async_set("switch.fountain", "off", {"friendly_name": "Garden fountain"})
     async_expose_entity(hass, "conversation", "switch.fountain", True)
     await async_wait_for(lambda: _warmed(fake_hearth, "Garden fountain"), within=10)
+
+
+async def test_server_back_warms_again(hass: HomeAssistant, fake_hearth: FakeHearth) -> None:
+    """When the server answers again after an outage (perhaps restarted, with another model),
+    the unchanged prompt is warmed again."""
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=ASSIST)
+    await async_wait_for(lambda: fake_hearth.warm_requests, within=10)
+    coordinator = entry.runtime_data.coordinator
+
+    fake_hearth.queue_status = 500
+    await coordinator.async_refresh()
+    assert not coordinator.last_update_success
+    fake_hearth.queue_status = None
+    await coordinator.async_refresh()
+    await async_wait_for(lambda: len(fake_hearth.warm_requests) >= 2, within=10)
+    first, again = fake_hearth.warm_requests[:2]
+    assert again == first
 
 
 class AdminOnlyAPI(llm.API):

@@ -22,7 +22,6 @@ from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import (
     CONF_LLM_HASS_API,
     EVENT_HOMEASSISTANT_STARTED,
-    STATE_UNKNOWN,
 )
 from homeassistant.core import Context, CoreState, HomeAssistant
 from homeassistant.helpers import area_registry as ar
@@ -357,24 +356,6 @@ async def test_warm_up_waits_for_home_assistant_to_start(
     assert "Porch light" in warm["messages"][0]["content"]
 
 
-async def test_server_back_warms_again(
-    hass: HomeAssistant, fake_hearth: FakeHearth, lights: list[str]
-) -> None:
-    """When the server answers again after an outage (perhaps restarted, with another model),
-    the unchanged prompt is warmed again."""
-    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=ASSIST_OPTIONS)
-    await _warm_requests(fake_hearth, 1)
-    coordinator = entry.runtime_data.coordinator
-
-    fake_hearth.queue_status = 500
-    await coordinator.async_refresh()
-    assert not coordinator.last_update_success
-    fake_hearth.queue_status = None
-    await coordinator.async_refresh()
-    warm_ups = await _warm_requests(fake_hearth, 2)
-    assert warm_ups[1] == warm_ups[0]
-
-
 async def test_satellite_prompt_is_warmed_too(
     hass: HomeAssistant, fake_hearth: FakeHearth, lights: list[str], refreshes: Refreshes
 ) -> None:
@@ -418,41 +399,3 @@ async def test_satellite_prompt_is_warmed_too(
     (in_kitchen,) = exposed(True)
     assert in_kitchen["messages"] == second["messages"][:1]
     assert in_kitchen["tools"] == second["tools"]
-
-
-async def test_voice_cache_sensors(hass: HomeAssistant, fake_hearth: FakeHearth) -> None:
-    """The voice cache sensors read /v1/queue's prefix cache by class; on an older server that
-    has no such report they are unknown."""
-    entry = await async_setup_hearth(hass, fake_hearth.url)
-    coordinator = entry.runtime_data.coordinator
-
-    def state(key: str) -> Any:
-        return hass.states.get(sensor_of(hass, entry, "sensor", key))
-
-    keys = ("voice_hit_rate", "voice_entries", "voice_oldest", "warm_ups")
-    for key in keys:
-        assert state(f"prefix_cache_{key}").state == STATE_UNKNOWN
-
-    voice = {"entries": 3, "cells": 2400, "kept": 2, "oldest_s": 125.4, "lookups": 8,
-             "hit_rate": 0.875}
-    fake_hearth.queue["prefix_cache"].update(
-        warm_ups=5, by_class={"voice": voice, "chat": {**voice, "entries": 0}}
-    )
-    await coordinator.async_refresh()
-    await hass.async_block_till_done()
-    assert float(state("prefix_cache_voice_hit_rate").state) == pytest.approx(87.5)
-    entries = state("prefix_cache_voice_entries")
-    assert entries.state == "3"
-    assert entries.attributes["cells"] == 2400
-    assert entries.attributes["kept"] == 2
-    oldest = state("prefix_cache_voice_oldest")
-    cached_at = dt_util.parse_datetime(oldest.state)
-    assert (dt_util.utcnow() - cached_at).total_seconds() == pytest.approx(125.4, abs=2)
-    assert oldest.attributes["device_class"] == "timestamp"
-    assert state("prefix_cache_warm_ups").state == "5"
-
-    # No voice turn has looked yet: no hit rate rather than 0 %.
-    fake_hearth.queue["prefix_cache"]["by_class"]["voice"].update(lookups=0, hit_rate=0.0)
-    await coordinator.async_refresh()
-    await hass.async_block_till_done()
-    assert state("prefix_cache_voice_hit_rate").state == STATE_UNKNOWN
