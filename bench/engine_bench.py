@@ -7,7 +7,10 @@ Measures what the Engine issue asks for:
      same context, and the engine's Python time per iteration;
   3. warm vs cold TTFT with a ~1,200-token Home-Assistant-style system prompt;
   4. an uncached voice prompt of that size while chats stream: its TTFT against alone, and the
-     longest gap the chats see between two tokens meanwhile.
+     longest gap the chats see between two tokens meanwhile;
+  5. ``host``: the engine's own time per iteration (its backend's calls left out) with 0, 60 and
+     250 requests waiting, on the simulated backend (no model): 8 streams holding every slot,
+     and a churn of short turns on shared system prompts (admission and the prefix cache busy).
 
 Usage: python bench/engine_bench.py [--quick] [--only SCENARIO ...] [--out bench/results]
 """
@@ -302,6 +305,54 @@ class Bench:
                 "max_chat_gap_ms": max(x["max_chat_gap_ms"] for x in rounds)}
 
 
+# -- 5. host cost per iteration against the queue's length (simulated backend) ----------------
+def host_cost(waiting: int, churn: bool, iters: int = 600) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from sim_backend import SimBackend, make_core, request
+
+    b = SimBackend(n_ctx=16384, n_seq_max=16)
+    core, _ = make_core("hearth", n_parallel=8, backend=b, max_queue=1000)
+    systems = [[9000 + 1000 * k + i for i in range(300)] for k in range(6)]
+    classes, seq = ("chat", "agent", "background"), iter(range(10**9))
+
+    def add(cls: str, max_tokens: int) -> None:
+        j = next(seq)
+        r, _ = request(b, cls, 40, max_tokens, user=f"m{j % 4}", seed=j,
+                       prefix=systems[j % 6] if churn or j % 2 else None)
+        core.submit(r)
+
+    for _ in range(8):
+        add("chat", 20 if churn else 10**6)
+    while not churn and (len(core.running) < 8 or not all(r.n_generated for r in core.running)):
+        core.step()
+    for i in range(waiting):
+        add(classes[i % 3], 20)
+    spent = [0.0]
+    def timing(f):
+        def timed(*a):
+            t = time.perf_counter()
+            try:
+                return f(*a)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return timed
+
+    for name in ("decode_sample", "new_sampler", "seq_rm", "seq_cp", "seq_pos_max", "now"):
+        setattr(b, name, timing(getattr(b, name)))
+    host = []
+    for _ in range(iters):
+        while churn and len(core.waiting) + len(core._inbox) < waiting + 8 - len(core.running):
+            add(classes[next(seq) % 3], 20)  # the queue stays as long
+        spent[0] = 0.0
+        t = time.perf_counter()
+        core.step()
+        host.append(1000 * (time.perf_counter() - t - spent[0]))
+    host.sort()
+    return {"waiting": waiting, "churn": churn, "iterations": iters,
+            "median_ms": statistics.median(host), "mean_ms": statistics.mean(host),
+            "p95_ms": host[int(0.95 * iters)], "max_ms": host[-1]}
+
+
 def markdown(res: dict) -> str:
     out: list[str] = []
     if res.get("voice_under_load"):
@@ -330,10 +381,15 @@ def markdown(res: dict) -> str:
                    f"while 4 chats stream: TTFT {beside} ms vs alone {alone} ms "
                    f"({vb['ttft_ratio_mean']:.2f}×); longest gap between two chat tokens "
                    f"meanwhile {vb['max_chat_gap_ms']:.0f} ms.")
+    if h := res.get("host"):
+        out += ["| workload | waiting | median | mean | p95 | max |", "|---|---|---|---|---|---|"]
+        out += [f"| {'churn' if x['churn'] else 'full slots'} | {x['waiting']} | "
+                f"{x['median_ms']:.3f} ms | {x['mean_ms']:.3f} ms | {x['p95_ms']:.3f} ms | "
+                f"{x['max_ms']:.2f} ms |" for x in h]
     return "\n".join(out)
 
 
-SCENARIOS = ("voice_under_load", "decode", "prefix_cache", "voice_beside_streams")
+SCENARIOS = ("voice_under_load", "decode", "prefix_cache", "voice_beside_streams", "host")
 
 
 def main() -> int:
@@ -344,9 +400,13 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     wanted = args.only or SCENARIOS
-    b = Bench(args.quick)
     res: dict = {"when": datetime.now().isoformat(timespec="seconds"), "quick": args.quick}
+    if "host" in wanted:
+        print("host cost per iteration …", file=sys.stderr)
+        res["host"] = [host_cost(n, churn) for churn in (False, True) for n in (0, 60, 250)]
+    b = Bench(args.quick) if set(wanted) - {"host"} else None
     if "voice_under_load" in wanted:
+        assert b is not None
         res["voice_under_load"] = []
         for mode, relax in (("hearth", False), ("hearth", True), ("fifo", False)):
             print(f"voice under load: {mode}{' relaxed' if relax else ''} …", file=sys.stderr)

@@ -102,6 +102,7 @@ class KVPool:
         self.packings = 0
         self.warm_ups = 0
         self.trims = 0  # entries cut to the part running sequences share
+        self.version = 0  # moves whenever an entry comes, goes or is cut: lookups go stale
 
     def emptied(self) -> KVPool:
         """This pool with no cells, sequences or entries (a new worker's KV cache is empty),
@@ -171,6 +172,7 @@ class KVPool:
         yield from self._index.get((), {}).values()  # entries shorter than the key
 
     def _add(self, e: PrefixEntry) -> None:
+        self.version += 1
         self.entries[e.seq_id] = e
         self._index.setdefault(self._key(e.tokens) or (), {})[e.seq_id] = e
 
@@ -299,6 +301,7 @@ class KVPool:
         """Cut ``e`` to its first ``keep`` tokens (no sharer shares more); the caller clears
         the cells past them."""
         self.trims += 1
+        self.version += 1
         old = self._key(e.tokens) or ()
         e.own -= self._spare(e, keep)
         e.tokens = e.tokens[:keep]
@@ -344,6 +347,7 @@ class KVPool:
         with ``e`` from now on, except those ``e`` itself shared with its own parent: those
         it shares with that parent instead."""
         del self.entries[e.seq_id]
+        self.version += 1
         key = self._key(e.tokens) or ()
         bucket = self._index[key]
         del bucket[e.seq_id]

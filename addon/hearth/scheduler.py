@@ -11,9 +11,11 @@ Plain Python, no llama.cpp: the engine asks, the policy answers. Three modes:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from .policy.queue import Pass, WaitQueue
 
 CLASS_RANKS: dict[str, int] = {"voice": 0, "chat": 1, "agent": 2, "background": 3, "embedding": 4}
 RANK_NAMES = {v: k for k, v in CLASS_RANKS.items()}
@@ -30,6 +32,10 @@ OUTPUT_WEIGHT = 2.0
 MODES = ("hearth", "fifo", "serial")
 # How many requests may pass one that waits for cells (Policy.may_overtake).
 MAX_OVERTAKES = 8
+
+
+def _users(waiting: Iterable[Schedulable]) -> set[str]:
+    return waiting.users() if isinstance(waiting, WaitQueue) else {w.user for w in waiting}
 
 
 def class_rank(name_or_rank: str | int) -> int:
@@ -160,6 +166,16 @@ class Policy:
         counters: dict[str, float] = {}
         return sorted(reqs, key=lambda r: self.key(r, now, in_flight, counters))
 
+    def order_pass(self, waiting: WaitQueue, now: float,
+                   running: Iterable[Schedulable] = ()) -> Pass:
+        """:meth:`order` of a :class:`WaitQueue`, lazily: a pass that stops early, or skips
+        groups that cannot go, computes the keys of a few requests, not of the whole queue."""
+        in_flight: dict[str, int] = {}
+        for x in running:
+            in_flight[x.user] = in_flight.get(x.user, 0) + 1
+        counters: dict[str, float] = {}
+        return Pass(waiting, lambda r: self.key(r, now, in_flight, counters))
+
     def decode_order(self, running: Iterable[Schedulable]) -> list[Schedulable]:
         """Decode tokens go first in the batch, highest class first (they land in the first
         micro-batch, so a cut decode loses the least)."""
@@ -208,10 +224,46 @@ class Policy:
         """The best effective rank waiting; asked for every waiting request in one admission
         pass, so computed once per pass (same list, length and clock), not once per request."""
         key = (id(waiting), len(waiting), now)
-        if self._best_memo[0] != key:
-            self._best_memo = (key, min((self.effective_rank(w, now) for w in waiting),
+        if self._best_memo[0] != key:  # a group's oldest is its best (policy.queue)
+            heads = waiting.heads() if isinstance(waiting, WaitQueue) else waiting
+            self._best_memo = (key, min((self.effective_rank(w, now) for w in heads),
                                         default=99))
         return self._best_memo[1]
+
+    def displacer(self, waiting: Sequence[Schedulable], running: Sequence[Schedulable],
+                  now: float) -> Callable[[Schedulable], bool]:
+        """With every slot taken: whether :meth:`priority_victim` or :meth:`fairness_victim`
+        could give a waiting request a slot (true for a superset). Cheap per request (one
+        answer per class and member), so a pass over a long queue that nobody in it can enter
+        costs little; a better class or a lower counter only makes it truer, so when a group's
+        oldest cannot, none of the group can."""
+        if self.cfg.mode != "hearth" or not running:
+            return lambda r: False
+        eff = {id(x): self.effective_rank(x, now) for x in running if x.rank != VOICE_RANK}
+        lowest = max(eff.values(), default=-1)  # a waiting request above it may preempt
+        over: list[tuple[int, float, str]] = []  # (rank, counter, member) of over-share slots
+        held: dict[str, int] = {}
+        share = 0
+        if self.cfg.fair_slots:
+            for x in running:
+                held[x.user] = held.get(x.user, 0) + 1
+            share = max(1, self.max_running // max(1, len(set(held) | _users(waiting))))
+            over = [(eff[id(x)], self.counter(x.user, now), x.user) for x in running
+                    if id(x) in eff and held[x.user] > share]
+        seen: dict[tuple[int, str], bool] = {}
+
+        def may(w: Schedulable) -> bool:
+            mine = self.effective_rank(w, now)
+            if mine < lowest:
+                return True
+            if not over or held.get(w.user, 0) >= share:
+                return False
+            if (ok := seen.get((mine, w.user))) is None:
+                served = self.counter(w.user, now)
+                ok = seen[mine, w.user] = any(u != w.user and rank >= mine and c >= served
+                                              for rank, c, u in over)
+            return ok
+        return may
 
     def may_overtake(self, r: Schedulable, blocked: Schedulable, overtaken: int,
                      now: float) -> bool:
@@ -255,7 +307,7 @@ class Policy:
             return None
         key = (id(waiting), len(waiting), now, len(running))
         if self._members_memo[0] != key:  # once per admission pass, not once per request
-            members = {x.user for x in running} | {w.user for w in waiting}
+            members = {x.user for x in running} | _users(waiting)
             self._members_memo = (key, len(members))
         share = max(1, self.max_running // max(1, self._members_memo[1]))
         held: dict[str, int] = {}

@@ -4,12 +4,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..requests import Request
 from .base import ADMIT_RECHECK_S, BatchItem
 
 log = logging.getLogger("hearth.engine")
+# How many waiting requests' prefixes are spared first when cached prefixes must go.
+WANTED_LOOKAHEAD = 32
+
+
+def _queue_key(r: Request) -> tuple[int, float, int]:
+    return (r.rank, r.arrival, r.id)
 
 
 class Admission:
@@ -23,10 +30,21 @@ class Admission:
         self._admit_next = now + ADMIT_RECHECK_S
         self.policy.begin_pass()
         blocked: Request | None = None  # the first waiting for cells: who may pass it, how
-        for r in self.policy.order(list(self.waiting), now, self.running):
+        may_displace: Callable[[Request], bool] | None = None  # once the slots are all taken
+        order = self.policy.order_pass(self.waiting, now, self.running)
+        for r in order:
             if blocked is not None and not self.policy.may_overtake(
                     r, blocked, blocked.meta.get("_overtaken", 0), now):
                 break
+            full = len(self.running) >= self.policy.max_running
+            if full:
+                if may_displace is None:  # who may still enter, asked once per change
+                    may_displace = self.policy.displacer(self.waiting, self.running, now)
+                if not may_displace(r):  # nor may the rest of its group
+                    if self.policy.cfg.mode == "hearth":
+                        order.skip_group()
+                        continue
+                    break
             if r.sampler is None:
                 try:
                     self._admitting = r  # stays set if the worker dies making it
@@ -36,8 +54,9 @@ class Admission:
                     self._fail(r, f"cannot sample this request: {e}", now, status=400)
                     continue
             if not self.policy.may_admit(r, self.running, self.waiting, now):
-                if len(self.running) < self.policy.max_running:
-                    continue  # held back by its class cap; others may still go
+                if not full:
+                    order.skip_group()  # held back by its class cap, and so is its group
+                    continue  # others may still go
                 victim = (self.policy.priority_victim(r, self.running, now)
                           or self.policy.fairness_victim(r, self.running, self.waiting, now))
                 if victim is None:
@@ -99,6 +118,7 @@ class Admission:
             r.reserved = need
             self.pool.reserve(need)
             self.running.append(r)
+            may_displace = None  # who runs changed
             if blocked is not None:
                 blocked.meta["_overtaken"] = blocked.meta.get("_overtaken", 0) + 1
 
@@ -157,14 +177,25 @@ class Admission:
         return pool.needs(protect, gone)
 
     def _wanted(self) -> frozenset[int]:
-        """Seq ids of the entries waiting requests are about to use (given up last). Looked
-        up once per iteration, not once per eviction: an order of preference, it need not
-        follow every eviction (with 250 waiting, one lookup is ~1.5 ms)."""
-        it = self.stats.iterations
-        if self._wanted_memo[0] != it:
-            self._wanted_memo = (it, frozenset(
-                e.seq_id for w in self.waiting if (e := self.pool.find(w.tokens)[0]) is not None))
+        """Seq ids of the entries the next waiting requests (the ``WANTED_LOOKAHEAD`` best
+        classes, oldest first) are about to use: given up last. An order of preference: looked
+        up once per iteration, not once per eviction, and each request's lookup is kept while
+        the cache's entries stay as they are, so a long queue costs no more than a short one."""
+        key = self.stats.iterations
+        if self._wanted_memo[0] != key:
+            nxt = self.waiting.oldest(WANTED_LOOKAHEAD, _queue_key)
+            self._wanted_memo = (key, frozenset(
+                e.seq_id for w in nxt if (e := self._lookup(w)) is not None))
         return self._wanted_memo[1]
+
+    def _lookup(self, r: Request) -> Any:
+        """The cached prefix ``r`` would use now (:meth:`KVPool.find`), kept on the request
+        while the cache's entries do not change."""
+        seen = r.meta.get("_lookup")
+        if seen is None or seen[0] != self.pool.version or seen[1] != len(r.tokens):
+            seen = r.meta["_lookup"] = (self.pool.version, len(r.tokens),
+                                        self.pool.find(r.tokens)[0])
+        return seen[2]
 
     def _free_cache(self, entry: Any, hit: int, rank: int | None,
                     wanted: frozenset[int] | None = None) -> bool:

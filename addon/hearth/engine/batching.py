@@ -22,7 +22,8 @@ class Batching:
         ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
         of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it)."""
         cap = max(0, self.b.n_batch - n_decode)
-        someone_waits = any(r.rank <= INTERACTIVE_RANK for r in self.running + self.waiting)
+        someone_waits = (self.waiting.best_rank() <= INTERACTIVE_RANK
+                         or any(r.rank <= INTERACTIVE_RANK for r in self.running))
         if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound
                                                 and not someone_waits):
             return cap

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Any
 
 from ..kvcache import KVPool
+from ..policy.queue import WaitQueue
 from ..requests import Event, Request, StopMatcher
 from ..scheduler import INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
 from ..stats import Stats
@@ -38,7 +39,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
                            kept_cells=int(self.cfg.prefix_cache_kept_share * backend.n_ctx))
         self.cost = CostModel()
         self.embed_cost = CostModel()  # the embedding context's decodes, measured apart
-        self.waiting: list[Request] = []
+        self.waiting = WaitQueue()  # in admission order by class and member (policy.queue)
         self.running: list[Request] = []
         self.embed_waiting: list[Request] = []
         self._embedding: Request | None = None  # the one whose inputs are being computed
@@ -138,7 +139,8 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             self._inbox.clear()
         requests = {r.id: r for r in [*pending, *self.waiting, *self.running,
                                       *self.embed_waiting]}
-        self.waiting, self.running, self.embed_waiting = [], [], []
+        self.waiting.clear()
+        self.running, self.embed_waiting = [], []
         for r in requests.values():
             try:
                 r.sink([Event("error", message=message, status=503)])

@@ -18,8 +18,8 @@ class Embeddings:
             return True
         head = self.policy.order(self.embed_waiting, now)[0]
         rank = self.policy.effective_rank(head, now)
-        others = [r.rank for r in self.waiting] + [it.req.rank for it in items if it.n > 1]
-        return not others or rank <= min(others) or self.policy.cfg.mode != "hearth"
+        best = min([self.waiting.best_rank(), *(it.req.rank for it in items if it.n > 1)])
+        return rank <= best or self.policy.cfg.mode != "hearth"
 
     def _run_embeddings(self, now: float, streaming: bool = False, spent: float = 0.0) -> None:
         """One chunk of the head embedding request's inputs. Beside running streams the chunk
