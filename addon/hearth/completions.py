@@ -28,6 +28,7 @@ from .schema_limits import (
 from .tools import (
     LAZY_CALL_TRIGGER,
     ToolStream,
+    lazy_call_grammar,
     tool_call_schema,
     with_argument_values,
     wrap_grammar,
@@ -218,7 +219,7 @@ class Completion:
             log.info("tool calls left unconstrained: %s", e)
             return None
         self.trigger = LAZY_CALL_TRIGGER
-        return wrap_grammar(body, "<tool_call>", "</tool_call>", repeat=True)
+        return lazy_call_grammar(body)
 
     def _schema_grammar(self, schema: dict, field: str = "tools") -> str:
         """GBNF for ``schema`` (its source checked by :func:`check_limits` with the request),

@@ -235,10 +235,26 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 
 
 # Under tool_choice "auto" the model chooses freely whether to call; from the moment it opens
-# a Hermes-style call the call's grammar holds, so the call parses and its arguments keep to
-# the tool's schema (an enum of exposed names, say). Models writing another style are not
-# constrained.
+# a call the call's grammar holds, so the call parses and its arguments keep to the tool's
+# schema (an enum of exposed names, say). Two openings: Hermes' tag, and a fenced JSON block
+# whose object begins with "name" (how small instruct models such as Qwen2.5-Coder often
+# write a call); a fence holding other JSON stays free. Bare JSON is not held: an answer may be
+# JSON.
 # A plain pattern: llama.cpp then feeds the grammar from the match. A pattern with a leading
 # [\s\S]*? group is searched over the whole output at every token (seconds per token after a
 # few hundred tokens).
-LAZY_CALL_TRIGGER = "<tool_call>"
+# The text a trigger matches is replayed into the grammar, and a grammar refusing it aborts
+# inside llama.cpp: each pattern accepts only what its grammar does (no capturing group, which
+# would move the start), so the JSON's whitespace here is the grammar's ``space`` below.
+LAZY_CALL_TRIGGER = r'<tool_call>|```json[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
+# JSON as models write it in a fence: indented, one item a line.
+_PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
+
+
+def lazy_call_grammar(gbnf: str) -> str:
+    """The grammar behind :data:`LAZY_CALL_TRIGGER`: one or more Hermes calls, or one fenced
+    call (``gbnf`` is one call's JSON, root rule ``root``, from the schema converter)."""
+    pretty = re.sub(r"^space ::= .*$", lambda _: _PRETTY_SPACE, gbnf, flags=re.M)
+    hermes = wrap_grammar(pretty, OPEN, CLOSE, repeat=True).replace("root ::=", "hermes ::=", 1)
+    return ('root ::= hermes | fenced\n'
+            'fenced ::= "```json" [ \\t\\n]* body [ \\t\\n]* "```"\n' + hermes)

@@ -449,3 +449,60 @@ def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
                             '{"name": "Porch light"}}\n</tool_call>', add_special=False):
         s.accept(t)
     s.close()
+
+
+def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
+    """The lazy grammar's second opening: a ```json block whose object begins with "name" is
+    held to the call's schema (an allowed name only), and the whole of it parses as a call; a
+    fence holding other JSON, or code, comes out as without a grammar."""
+    import json as _json
+
+    from hearth.llama_sampling import Sampler, json_schema_grammar
+    from hearth.tools import (
+        LAZY_CALL_TRIGGER,
+        lazy_call_grammar,
+        parse_tool_calls,
+        tool_call_schema,
+        with_argument_values,
+    )
+
+    tools = with_argument_values([{"type": "function", "function": {
+        "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
+            "name": {"type": "string"}}, "required": ["name"]}}}],
+        {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
+    grammar = lazy_call_grammar(json_schema_grammar(tool_call_schema(tools)))
+
+    def free(ctx):
+        s = Sampler(model, SamplingParams(temperature=0))
+        return lambda row: s.sample(ctx, row)
+
+    def lazy(ctx):
+        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                          grammar_trigger=LAZY_CALL_TRIGGER))
+        return lambda row: s.sample(ctx, row)
+
+    other = 'Data: ```json\n{"city": "Paris", "people": 3}\n```\nData: ```json\n{"city":'
+    assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
+
+    example = '```json\n{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}\n```'
+    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
+              "Command: Turn on the garage heater.\nCall:"
+    copied = _greedy(model, command, free)
+    assert copied.lstrip().startswith("```json") and "Garage heater" in copied, copied
+    held = _greedy(model, command, lazy)
+    _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
+    assert calls, held
+    assert _json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
+                                                                      "Porch light"}
+
+    # Replayed whole (a grammar refusing a token aborts inside llama.cpp): both openings.
+    for text in ('Sure.\n```json\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": '
+                 '"Porch light"}\n}\n```',
+                 'Sure. <tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "Porch '
+                 'light"}}\n</tool_call>'):
+        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                          grammar_trigger=LAZY_CALL_TRIGGER))
+        for t in model.tokenize(text, add_special=False):
+            s.accept(t)
+        s.close()
+

@@ -92,3 +92,25 @@ def test_parsing_time_grows_linearly_with_adversarial_output():
     for fn in (_parse, _stream):
         small, big = _seconds(fn, 32_000), _seconds(fn, 256_000)
         assert big < max(small, 1e-3) * 24, (fn.__name__, small, big)
+
+
+def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
+    """Matched text is replayed into the grammar (a refusal aborts inside llama.cpp): the
+    fence's JSON whitespace must be the grammar's ``space`` (one space, or a newline and up to
+    20 spaces or tabs); anything else stays free rather than triggering."""
+    import re
+
+    from hearth.tools import LAZY_CALL_TRIGGER, lazy_call_grammar
+
+    trigger = re.compile(LAZY_CALL_TRIGGER)
+    assert trigger.groups == 0  # a group would move where the replay starts
+    for held in ('```json\n{"name"', '```json\n{\n  "name"', '```json\n\n{ "name"',
+                 "<tool_call>", 'Sure. ```json\n{\n\t"name"'):
+        assert trigger.search(held), held
+    for free in ('```json\n{  "name"', '```json\n{\n\n"name"', '```JSON\n{"name"',
+                 '```json\n{"city"', '```\n{"name"', '{"name"',
+                 '```json\n{\n' + ' ' * 21 + '"name"'):
+        assert not trigger.search(free), free
+    grammar = lazy_call_grammar('root ::= "{" space "\\"name\\"" space\nspace ::= " "?')
+    assert 'space ::= | " " | "\\n" [ \\t]{0,20}' in grammar
+    assert 'fenced ::= "```json" [ \\t\\n]* body [ \\t\\n]* "```"' in grammar
