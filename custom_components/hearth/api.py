@@ -261,26 +261,6 @@ class HearthClient:
         except (aiohttp.ClientError, TimeoutError) as err:
             raise CannotConnect(f"chat completion: {err or type(err).__name__}") from err
 
-    async def async_chat(
-        self, body: dict[str, Any], request_class: str | None = None
-    ) -> dict[str, Any]:
-        """Run a chat completion without streaming."""
-        body = {**body, "stream": False}
-        try:
-            async with self._session.post(
-                self.url + "/v1/chat/completions",
-                json=body,
-                headers=self._headers(request_class),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=REQUEST_TIMEOUT, sock_read=STREAM_READ_TIMEOUT
-                ),
-            ) as response:
-                raw = await response.read()
-                self._raise_for_status(response.status, raw)
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise CannotConnect(f"chat completion: {err or type(err).__name__}") from err
-        return json.loads(raw)
-
     # Jobs
 
     async def async_submit_job(
@@ -302,15 +282,6 @@ class HearthClient:
     async def async_get_job(self, job_id: str) -> dict[str, Any]:
         """Return one job; raises NotFound for an unknown id."""
         return await self._request("GET", f"/v1/jobs/{job_id}")
-
-    async def async_list_jobs(self, status: str | None = None) -> list[dict[str, Any]]:
-        """Return the server's jobs, optionally of one status."""
-        data = await self._request(
-            "GET", "/v1/jobs", params={"status": status} if status else None
-        )
-        if isinstance(data, dict):
-            return list(data.get("data") or data.get("jobs") or [])
-        return list(data or [])
 
     async def async_cancel_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a job; returns it (status cancelled unless it had already finished)."""
