@@ -53,6 +53,9 @@ class SimBackend(SampleAfterDecode):
         self.flaky = 0  # the next decodes that fail after their first micro-batch
         self._outputs: dict[int, tuple[int, ...]] = {}  # output row -> context tokens
         self._ctx: dict[int, list[int]] = {}  # seq -> tokens by position
+        self.pieces = True  # long embedding inputs may go in pieces (a causal model)
+        self._piece_at = 0
+        self.embed_calls: list[list[int]] = []  # input lengths per embedding decode (piece: -n)
 
     def now(self) -> float:
         return self.t
@@ -183,9 +186,35 @@ class SimBackend(SampleAfterDecode):
     def clear_abort(self) -> None:
         self.abort_requested = False
 
+    @staticmethod
+    def _token_state(tok: int) -> list[float]:
+        return [float(tok % 13), float(tok % 5), 1.0]
+
+    def _mean(self, tokens) -> list[float]:
+        states = [self._token_state(t) for t in tokens]
+        return [sum(col) / len(tokens) for col in zip(*states, strict=True)]
+
     def embed(self, inputs):
+        """Mean-pooled and normalised, as the real backend's."""
         self.t += self.base + self.per_token * sum(len(x) for x in inputs)
-        return [[float(len(x)), 1.0] for x in inputs]
+        self.embed_calls.append([len(x) for x in inputs])
+        out = []
+        for x in inputs:
+            m = self._mean(x)
+            norm = sum(v * v for v in m) ** 0.5
+            out.append([v / norm for v in m])
+        return out
+
+    def embed_pieces(self) -> bool:
+        return self.pieces
+
+    def embed_piece(self, tokens, start, last):
+        """A causal model's piece: its tokens' mean (they see the earlier pieces)."""
+        assert start == self._piece_at or start == 0, "a piece out of order"
+        self.t += self.base + self.per_token * len(tokens)
+        self.embed_calls.append([-len(tokens)])
+        self._piece_at = 0 if last else start + len(tokens)
+        return self._mean(tokens)
 
     def embed_limits(self):
         return 2048, 32

@@ -100,9 +100,37 @@ class LlamaBackend(SampleAfterDecode):
                 n_threads=self._threads, embeddings=True, kv_unified=True))
         return self._embed_ctx
 
+    def embed_pieces(self) -> bool:
+        """Whether one long input may go in pieces (:meth:`embed_piece`): a causal model's
+        tokens see only those before them, so a piece decoded after the earlier ones' cells
+        gives the tokens' states the whole input would. The generation model is causal; a
+        separate embedding model may not be (BERT-like encoders attend both ways)."""
+        return self._embed_model is self.model
+
+    def embed_piece(self, tokens: list[int], start: int, last: bool) -> list[float]:
+        """Positions ``start``.. of one long input, after its earlier pieces (kept in the
+        embedding context's sequence 0; a piece at 0 starts afresh, the ``last`` clears it):
+        the mean of these tokens' states, not normalised (the caller weighs the pieces)."""
+        ctx = self._embed_context()
+        if start == 0:
+            ctx.clear()
+        try:
+            status = ctx.decode(tokens, list(range(start, start + len(tokens))),
+                                [0] * len(tokens), [True] * len(tokens))
+            if status != 0:
+                raise RuntimeError(f"llama_decode returned {status}")
+            return list(ctx.sequence_embedding(0))
+        except BaseException:
+            ctx.clear()
+            raise
+        finally:
+            if last:
+                ctx.clear()
+
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """Mean-pooled, L2-normalised embeddings of several inputs in one decode."""
         ctx = self._embed_context()
+        ctx.clear()  # an input given up part-way (its request cancelled) left its pieces
         tokens: list[int] = []
         pos: list[int] = []
         seqs: list[int] = []

@@ -43,6 +43,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self.running: list[Request] = []
         self.embed_waiting: list[Request] = []
         self._embedding: Request | None = None  # the one whose inputs are being computed
+        self._embed_head: Request | None = None  # the one with an input part-way (pieces)
         self._admitting: Request | None = None  # the one whose sampler is being made
         self.lock = threading.RLock()  # guards the inbox, queue counts and snapshots
         self.wakeup = threading.Event()
@@ -370,6 +371,8 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             self.waiting.remove(r)
         if r in self.embed_waiting:
             self.embed_waiting.remove(r)
+            if r is self._embed_head:
+                self._embed_head = None
         if r in self.running:
             self.running.remove(r)
             if (self.cfg.prefix_cache and r.seq_id is not None and r.n_past > 0

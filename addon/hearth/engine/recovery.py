@@ -84,8 +84,10 @@ class Recovery:
         self._embedding = None
         for r in self.waiting:
             r.sampler = None  # made in the dead worker: a new one at admission
+        self._embed_head = None
         for r in self.embed_waiting:  # nothing was streamed: computed again from the start
             r.meta.pop("_embedded", None)
+            r.meta.pop("_piece", None)
         self.pool = self.pool.emptied()  # the cache's history outlives the cells it held
         self._persisted = ()  # the next idle moment saves what the new worker holds
         self._admit_dirty = True
