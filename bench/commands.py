@@ -10,7 +10,8 @@ bench/commands/utterances-v1.yaml sets the lights, sends its text through the As
 lights end as it expects: the entity states are scored, not the text. Modes: ``local`` (the
 pipeline prefers Home Assistant's own intents and hands the rest to Hearth, the recommended
 set-up) and ``model`` (every turn goes to the model). ``--busy N`` keeps N background jobs
-running on the server meanwhile. Results: bench/results/commands-<time>/{results.json,summary.md}.
+running on the server meanwhile. Results: bench/results/commands-<time>/{results.json,summary.md}
+(cases.jsonl: each case as it ends).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def matches(want: str | int, got: str | int) -> bool:
 
 
 class Bench:
-    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any]):
-        self.ha, self.spec = ha, spec
+    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any], log: Path | None = None):
+        self.ha, self.spec, self.log = ha, spec, log
         self.lights = [f"light.{name}" for name in spec["lights"]]
 
     async def states(self) -> dict[str, str | int]:
@@ -123,6 +124,9 @@ class Bench:
                             "text": case["text"], "passed": passed, "local": turn["local"],
                             "seconds": round(seconds, 3), "speech": turn["speech"][:200],
                             "before": before, "after": after, "error": error})
+            if self.log:  # each case as it ends, so a run stopped early still shows its turns
+                with self.log.open("a") as f:
+                    f.write(json.dumps(results[-1]) + "\n")
             say(f"[{mode}] {'PASS' if passed else 'fail'} {seconds:6.2f}s "
                 f"{'local' if turn['local'] else 'model'} {case['text']!r} -> {after}")
         return results
@@ -178,7 +182,8 @@ async def bench(args: argparse.Namespace, ha_url: str, server_url: str, say) -> 
         stop = asyncio.Event()
         busy = asyncio.create_task(keep_busy(server_url, args.busy, stop)) if args.busy else None
         try:
-            b = Bench(ha, spec)
+            args.out.mkdir(parents=True, exist_ok=True)
+            b = Bench(ha, spec, log=args.out / "cases.jsonl")
             results = []
             for mode in args.modes.split(","):
                 results += await b.run_mode(mode, say)
