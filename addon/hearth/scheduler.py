@@ -323,6 +323,20 @@ class Policy:
         return max(cands, key=lambda x: (held[x.user], self.effective_rank(x, now),
                                          x.admitted_at or x.arrival, x.id))
 
+    def growth_takes_kept(self, rank: int, victim: Schedulable | None,
+                          running: Sequence[Schedulable]) -> bool:
+        """Running work whose best class needing cells is ``rank`` finds them only in kept
+        prefixes or by preempting ``victim`` (:meth:`memory_victim`): whether the prefixes go
+        first. They do when the victim is not of a lower class than that work and either the
+        work is interactive (a chat preempted for room recomputes its prompt and output, and
+        the kept prefix goes anyway when it comes back) or the victim runs alone beside voice
+        (preempting itself helps nobody). Otherwise a lower class yields one of its own."""
+        if self.cfg.mode != "hearth" or victim is None:
+            return victim is None
+        if victim.rank > rank:
+            return False
+        return rank <= INTERACTIVE_RANK or sum(1 for x in running if x.rank != VOICE_RANK) == 1
+
     def memory_victim(self, running: Sequence[Schedulable]) -> Schedulable | None:
         """When the KV pool is exhausted with no request to blame: lowest class, newest; never
         voice in hearth mode. In fifo/serial the newest arrival goes."""

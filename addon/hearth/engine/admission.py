@@ -273,8 +273,10 @@ class Admission:
         """Line 2 of the protocol: the cells the batch needs beyond its reservations (a decode
         token each, past the first) must be free before llama_decode runs. Cached prefixes go
         first, then the lowest-class, newest sequence (its cells kept as a prefix, given up
-        next if still needed). Voice goes only when nothing else runs; a lone sequence the pool
-        cannot grow has all the context there is and ends with "length"."""
+        next if still needed); kept prefixes go before a preemption that would not help a
+        better class (:meth:`Policy.growth_takes_kept`). Voice goes only when nothing else
+        runs; a lone sequence the pool cannot grow has all the context there is and ends with
+        "length"."""
         def extra() -> int:
             return sum(max(0, it.n - it.req.reserved) for it in items)
 
@@ -285,8 +287,9 @@ class Admission:
             if self._evict_entry(avoid=None, rank=rank):
                 continue
             victim = self.policy.memory_victim(self.running)
-            if victim is None and self._evict_entry(avoid=None):
-                continue  # only voice runs: any prefix goes before a voice stream
+            if (self.policy.growth_takes_kept(rank, victim, self.running)
+                    and self._evict_entry(avoid=None)):
+                continue  # kept prefixes go before voice, or before a preemption for nothing
             if victim is None and len(self.running) > 1:
                 victim = max(self.running, key=lambda x: (x.admitted_at or 0.0, x.id))
             if victim is None:
