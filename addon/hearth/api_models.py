@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .scheduler import class_rank
 
@@ -106,11 +106,14 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
-    tool_argument_values: dict[str, dict[str, list[str]]] | None = Field(
+    tool_argument_values: dict[str, dict[str, list[str] | str]] | None = Field(
         None, description="Hearth: values a tool call's string arguments must take, by tool and "
-        "argument, e.g. {\"HassTurnOn\": {\"name\": [\"Kitchen light\"]}}. Held by the call's "
-        "grammar only (the prompt shows the tools as sent); Home Assistant's Hearth agent sends "
-        "the exposed entity and area names.")
+        "argument, e.g. {\"HassTurnOn\": {\"name\": [\"Kitchen light\"]}}, or \"$set\" naming "
+        "a list of tool_argument_sets. Held by the call's grammar only (the prompt shows the "
+        "tools as sent); Home Assistant's Hearth agent sends the exposed entity and area names.")
+    tool_argument_sets: dict[str, list[str]] | None = Field(
+        None, description="Hearth: named lists of values that tool_argument_values refers to as "
+        "\"$name\", so a list many tools share is sent once.")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra variables for the model's chat template, as llama-server takes "
         "them (e.g. {\"enable_thinking\": false}); voice requests default enable_thinking to "
@@ -119,6 +122,22 @@ class ChatCompletionRequest(SamplingFields):
         "auto", description="Chain of thought between <think> and </think> (or the template's "
         "markers): auto/deepseek = in message.reasoning_content (streamed as "
         "delta.reasoning_content), none = left in content, hide = dropped.")
+
+
+    @model_validator(mode="after")
+    def _argument_sets(self) -> ChatCompletionRequest:
+        """"$name" in tool_argument_values becomes that list of tool_argument_sets (the same
+        list object for every tool: sent once, stored once)."""
+        sets = self.tool_argument_sets or {}
+        for tool, args in (self.tool_argument_values or {}).items():
+            for arg, value in args.items():
+                if isinstance(value, str):
+                    name = value[1:] if value.startswith("$") else None
+                    if name not in sets:
+                        raise ValueError(f"tool_argument_values.{tool}.{arg}: {value!r} names "
+                                         "no list of tool_argument_sets (write \"$name\")")
+                    args[arg] = sets[name]
+        return self
 
 
 class CompletionRequest(SamplingFields):

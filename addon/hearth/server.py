@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
 SERVER_ID = web.AppKey("server_id", str)
+FEATURES = ("tool_argument_sets",)
 
 
 def server_id(data_dir: str) -> str:
@@ -76,7 +77,9 @@ async def health(request: web.Request) -> web.Response:
     state = fleet.state
     body: dict[str, Any] = {"status": state,
                             "model": primary.model_id if primary.state == "ready" else None,
-                            "version": __version__, "server_id": request.app[SERVER_ID]}
+                            "version": __version__, "server_id": request.app[SERVER_ID],
+                            # what a client may rely on beyond the version's API
+                            "features": list(FEATURES)}
     if state == "ready":
         body["backends"] = sorted({b for w in fleet.loaded() for b in w.rt.backends})
         if (sup := getattr(primary, "supervisor", None)) is not None:  # its llama.cpp's CPU

@@ -209,5 +209,6 @@ class HearthConversationEntity(
         )
         policy = self.subentry.data.get(CONF_CLASS_POLICY, CLASS_POLICY_AUTO)
         return warm_up_body(
-            self.hass, chat_log, warm_up_class_for(policy), self.subentry.data
+            self.hass, chat_log, warm_up_class_for(policy), self.subentry.data,
+            self.entry.runtime_data.health.get("features") or (),
         )

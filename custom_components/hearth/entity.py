@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
@@ -107,9 +107,28 @@ def intent_argument_values(
     return values
 
 
-def tool_fields(hass: HomeAssistant, llm_api: llm.APIInstance | None) -> dict[str, Any]:
+def shared_argument_sets(
+    values: dict[str, dict[str, list[str]]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """The same values with each list many tools share sent once: ``"$names"`` in the tools'
+    values and the list in ``tool_argument_sets`` (a server that lists the feature)."""
+    sets: dict[str, list[str]] = {}
+    shared: dict[str, dict[str, Any]] = {}
+    for tool, args in values.items():
+        shared[tool] = {}
+        for arg, allowed in args.items():
+            key = f"{arg}s"
+            same = sets.setdefault(key, allowed) is allowed  # one exposed-names list per turn
+            shared[tool][arg] = f"${key}" if same else allowed
+    return shared, sets
+
+
+def tool_fields(
+    hass: HomeAssistant, llm_api: llm.APIInstance | None, features: Collection[str] = ()
+) -> dict[str, Any]:
     """The request fields that offer the model a chat log's tools: ``tools``, ``tool_choice``
-    and the values intent arguments may take (none without an LLM API).
+    and the values intent arguments may take (none without an LLM API); the exposed names
+    once, not once per intent tool, where the server's ``features`` allow it.
 
     A turn and a warm-up of the same agent both take their tools from here and their system
     prompt from the chat log's first message, so the server renders both the same way and the
@@ -122,7 +141,11 @@ def tool_fields(hass: HomeAssistant, llm_api: llm.APIInstance | None) -> dict[st
         return {}
     fields: dict[str, Any] = {"tools": tools, "tool_choice": "auto"}
     if argument_values := intent_argument_values(hass, llm_api, tools):
-        fields["tool_argument_values"] = argument_values
+        if "tool_argument_sets" in features:
+            shared, sets = shared_argument_sets(argument_values)
+            fields.update(tool_argument_values=shared, tool_argument_sets=sets)
+        else:
+            fields["tool_argument_values"] = argument_values
     return fields
 
 
@@ -138,6 +161,7 @@ def warm_up_body(
     chat_log: conversation.ChatLog,
     request_class: str,
     options: Mapping[str, Any],
+    features: Collection[str] = (),
 ) -> dict[str, Any]:
     """The ``/v1/cache/warm`` body for a chat log given its system prompt and tools: what every
     request of that log starts with, to be cached for ``request_class`` on the model its turns
@@ -146,7 +170,7 @@ def warm_up_body(
         "messages": [convert_content(chat_log.content[0])],
         "priority": request_class,
         **model_field(options),
-        **tool_fields(hass, chat_log.llm_api),
+        **tool_fields(hass, chat_log.llm_api, features),
     }
 
 
@@ -204,7 +228,7 @@ class HearthBaseLLMEntity(Entity):
             "max_tokens": int(max_tokens or options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
             "priority": request_class,
             **model_field(options),
-            **tool_fields(self.hass, chat_log.llm_api),
+            **tool_fields(self.hass, chat_log.llm_api, data.health.get("features") or ()),
         }
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)

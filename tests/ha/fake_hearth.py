@@ -81,6 +81,7 @@ class FakeHearth:
         self.health_status: int | None = None
         # The id /health gives the server (servers before it say none).
         self.server_id: str | None = None
+        self.features: list[str] = []  # what /health says the server offers beyond its API
         self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
         # /v1/queue answers this status instead of 200 (a server gone away answers 500 here).
         self.queue_status: int | None = None
@@ -168,6 +169,8 @@ class FakeHearth:
         body: dict[str, Any] = {"status": "ready", "model": "fake-model", "version": "0.1.0"}
         if self.server_id:
             body["server_id"] = self.server_id
+        if self.features:
+            body["features"] = self.features
         if (worker := self.queue.get("worker")) is not None:
             body["cpu"] = {"variant": worker["cpu_variant"], "rung": worker["cpu_rung"],
                            "rungs_skipped": worker["rungs_skipped"]}

@@ -186,6 +186,33 @@ async def test_tool_arguments_are_held_to_exposed_names(
         assert "Garage heater" not in tool_values.get("name", [])
 
 
+async def test_exposed_names_go_once_to_a_server_that_takes_sets(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+) -> None:
+    """A server listing ``tool_argument_sets`` gets the exposed names once: each intent tool
+    refers to them as "$names", and resolved they are the values it got before."""
+    fake_hearth.features = ["tool_argument_sets"]
+    assert await hass.config_entries.async_reload(fake_entry.entry_id)
+    await hass.async_block_till_done()
+
+    await conversation.async_converse(
+        hass, "Turn on the kitchen light", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+
+    _, first = fake_hearth.chat_requests[0]
+    sets = first["tool_argument_sets"]
+    assert sets["names"] == ["Kitchen light"]
+    narrowed = first["tool_argument_values"]
+    assert len(narrowed) > 1  # several intent tools, one list
+    assert all(args.get("name") == "$names" for args in narrowed.values() if "name" in args)
+    assert first["tool_argument_values"][turn_on_tool(first)]["name"] == "$names"
+
+
 async def test_tool_loop_is_bounded(
     hass: HomeAssistant,
     fake_hearth: FakeHearth,

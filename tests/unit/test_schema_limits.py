@@ -235,3 +235,26 @@ def test_ollama_and_jobs_name_the_field_as_their_clients_sent_it():
         validate_job_request("chat", body)
     assert job.value.status == 400 and job.value.param == f"request.{FIELD}.maxItems"
     assert job.value.message.startswith(job.value.param + ": ")
+
+
+def test_argument_sets_are_sent_once_and_shared_by_reference():
+    """tool_argument_values may name a list of tool_argument_sets ("$names"); every tool that
+    names it gets that list, and a name that is no set is refused."""
+    import pytest
+    from pydantic import ValidationError
+
+    from hearth.api_models import ChatCompletionRequest
+
+    names = [f"Light {i}" for i in range(300)]
+    body = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "hi"}],
+        "tool_argument_sets": {"names": names},
+        "tool_argument_values": {t: {"name": "$names", "area": ["Kitchen"]}
+                                 for t in ("HassTurnOn", "HassTurnOff")}})
+    values = body.tool_argument_values
+    assert values["HassTurnOn"]["name"] == names and values["HassTurnOn"]["area"] == ["Kitchen"]
+    assert values["HassTurnOn"]["name"] is values["HassTurnOff"]["name"]
+    with pytest.raises(ValidationError, match="names no list"):
+        ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": "hi"}],
+            "tool_argument_values": {"HassTurnOn": {"name": "$missing"}}})
