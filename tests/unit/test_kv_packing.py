@@ -140,3 +140,42 @@ def test_a_failed_packing_costs_at_most_the_entries_it_could_not_restore(backend
         for e in core.pool.entries.values():  # what is left is whole: every position has a cell
             assert b.seq_pos_max(e.seq_id) == len(e.tokens) - 1
             assert len(b.cells[e.seq_id]) == len(e.tokens)
+
+
+class ArrivalWhilePacking(SimBackend):
+    """A voice request is submitted while the first family's cells are being restored."""
+
+    core = None
+    arrival = None
+    restores = 0
+
+    def seq_state_set(self, seq, data):
+        self.restores += 1
+        if self.arrival is not None and self.arrival.id not in self.core._by_id and not any(
+                x is self.arrival for _, x in self.core._inbox):
+            self.core.submit(self.arrival)
+        return super().seq_state_set(seq, data)
+
+
+def test_an_arrival_stops_packing_after_the_family_under_way():
+    """Five families of cached prompts above a freed document: a voice request that arrives
+    while the first is restored waits for that family only (it waited for every entry to be
+    saved, cleared and restored), and the next idle moment packs the rest."""
+    b = ArrivalWhilePacking(n_ctx=6000, n_seq_max=12)
+    core, _ = make_core("hearth", n_parallel=2, backend=b, prefix_cache_entries=8)
+    b.core = core
+    big, sbig = request(b, "background", 1500, 2, seed=99)
+    core.submit(big)
+    run_until(core, lambda: sbig.done is not None)
+    for k in range(5):
+        voice_turns(core, b, 1, [9000 + 1000 * k + i for i in range(300)])
+    assert core._evict_entry(None)  # the document goes: its cells come free below the rest
+    used = b.used
+    b.arrival, sink = request(b, "voice", 20, 2, seed=7)
+    assert core.idle() and core.pool.packings == 1
+    assert b.restores == 1, "one family packed, then the arrival went first"
+    assert core.pool.used_cells == b.used == used
+    run_until(core, lambda: sink.done is not None)
+    b.arrival = None
+    assert core.idle(), "the rest is packed at the next idle moment"
+    assert b.cells_spanned == b.used
