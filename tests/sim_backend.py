@@ -247,7 +247,8 @@ def make_core(mode: str = "hearth", n_parallel: int = 8, latency_target: float =
     b = backend or SimBackend(n_seq_max=n_parallel + 8)
     aging = cfg.pop("aging_seconds", None)
     caps = cfg.pop("caps", None)
-    pc = PolicyConfig(mode=mode, n_parallel=n_parallel, fair_slots=cfg.pop("fair_slots", True))
+    pc = PolicyConfig(mode=mode, n_parallel=n_parallel, fair_slots=cfg.pop("fair_slots", True),
+                      voice_spare_slots=cfg.pop("voice_spare_slots", 2))
     if aging is not None:
         pc.aging_seconds = aging
     if caps is not None:

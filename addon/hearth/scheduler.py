@@ -75,6 +75,10 @@ class PolicyConfig:
     # Counters halve every this many seconds (None: never), so service long past is forgiven:
     # a member who ran one long summary an hour ago is not behind one who holds every slot now.
     vtc_half_life_s: float | None = 300.0
+    # Voice turns may run this many beyond n_parallel (on sequence ids the prefix cache holds)
+    # rather than preempt a stream for its slot: the stream stalled for the whole voice turn
+    # (0.94 s); one more token in each batch costs next to nothing.
+    voice_spare_slots: int = 2
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -199,11 +203,19 @@ class Policy:
         return prefilling, False
 
     # -- admission --------------------------------------------------------------------------
+    def slots_for(self, r: Schedulable, spare_ids: int = 0) -> int:
+        """The running sequences beside which ``r`` may still be admitted: ``max_running``,
+        and for voice up to ``voice_spare_slots`` more where sequence ids are spare
+        (``spare_ids``: free, or held by cached prefixes that may be given up)."""
+        if self.cfg.mode == "hearth" and r.rank == VOICE_RANK:
+            return self.max_running + min(self.cfg.voice_spare_slots, spare_ids)
+        return self.max_running
+
     def may_admit(self, r: Schedulable, running: Sequence[Schedulable],
-                  waiting: Sequence[Schedulable], now: float) -> bool:
-        """Caps: a capped class holds at most its share of the running slots while a request of
-        a higher class waits."""
-        if len(running) >= self.max_running:
+                  waiting: Sequence[Schedulable], now: float, spare_ids: int = 0) -> bool:
+        """Slots (:meth:`slots_for`), and caps: a capped class holds at most its share of the
+        running slots while a request of a higher class waits."""
+        if len(running) >= self.slots_for(r, spare_ids):
             return False
         if self.cfg.mode != "hearth":
             return True

@@ -114,7 +114,8 @@ def test_a_preempted_member_pays_once_for_what_it_recomputes():
     """Preempted without its cells kept, a summary recomputes its prompt and the tokens it had
     generated: its member is charged its prompt once and its output once (the recomputed
     positions were charged again as prompt tokens)."""
-    core, b = make_core("hearth", n_parallel=1, prefix_cache=False)
+    core, b = make_core("hearth", n_parallel=1, prefix_cache=False,
+                        voice_spare_slots=0)  # voice preempts for its slot
     core.policy.cfg.vtc_half_life_s = None  # exact counts
     bg, sbg = request(b, "background", 400, 40, user="m", seed=1)
     core.submit(bg)

@@ -60,7 +60,8 @@ def test_preempted_work_keeps_its_cells_past_the_entry_cap():
     (its sequence id was its own already), so it resumes without recomputing its prompt (it
     recomputed all 3,005 tokens with most of the pool free)."""
     b = SimBackend(n_ctx=20_000, n_seq_max=1 + 4)
-    core, _ = make_core("hearth", n_parallel=1, backend=b, prefix_cache_entries=4)
+    core, _ = make_core("hearth", n_parallel=1, backend=b, prefix_cache_entries=4,
+                        voice_spare_slots=0)  # voice preempts for its slot
     for i in range(4):
         v, sv = request(b, "voice", 40, 2, seed=10 + i, prefix=[9000 + 100 * i])
         core.submit(v)

@@ -129,7 +129,8 @@ def test_a_voice_prompt_that_cannot_fit_preempts_nobody():
 def test_a_preempted_sequence_resumes_from_its_kept_cells():
     """Preempted for a slot while the pool has room, a background summary keeps its computed
     cells as a cached prefix: resuming computes only the token it was about to decode."""
-    core, b = make_core("hearth", n_parallel=1, prefix_cache_entries=4)
+    core, b = make_core("hearth", n_parallel=1, prefix_cache_entries=4,
+                        voice_spare_slots=0)  # voice preempts for its slot
     bg, sbg = request(b, "background", 800, 40, seed=1)
     core.submit(bg)
     run_until(core, lambda: bg.n_generated >= 10)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..requests import Request
+from ..scheduler import VOICE_RANK
 from .base import ADMIT_RECHECK_S, BatchItem
 
 log = logging.getLogger("hearth.engine")
@@ -36,7 +37,8 @@ class Admission:
             if blocked is not None and not self.policy.may_overtake(
                     r, blocked, blocked.meta.get("_overtaken", 0), now):
                 break
-            full = len(self.running) >= self.policy.max_running
+            spare = self._spare_ids() if r.rank == VOICE_RANK else 0
+            full = len(self.running) >= self.policy.slots_for(r, spare)
             if full:
                 if may_displace is None:  # who may still enter, asked once per change
                     may_displace = self.policy.displacer(self.waiting, self.running, now)
@@ -53,7 +55,7 @@ class Admission:
                 except Exception as e:  # e.g. a grammar llama.cpp refuses: this request's fault
                     self._fail(r, f"cannot sample this request: {e}", now, status=400)
                     continue
-            if not self.policy.may_admit(r, self.running, self.waiting, now):
+            if not self.policy.may_admit(r, self.running, self.waiting, now, spare):
                 if not full:
                     order.skip_group()  # held back by its class cap, and so is its group
                     continue  # others may still go
@@ -121,6 +123,12 @@ class Admission:
             may_displace = None  # who runs changed
             if blocked is not None:
                 blocked.meta["_overtaken"] = blocked.meta.get("_overtaken", 0) + 1
+
+    def _spare_ids(self) -> int:
+        """Sequence ids a voice turn could run on beyond ``n_parallel``: free ones, and those
+        of cached prefixes it may give up (no running sequence shares them)."""
+        return len(self.pool.free_ids) + sum(1 for e in self.pool.entries.values()
+                                             if self.pool.evictable(e))
 
     def _make_room(self, r: Request, need: int, entry: Any, now: float,
                    rank: int | None, hit: int = 0) -> bool:
