@@ -202,6 +202,30 @@ class Policy:
             return [r for r in prefilling if r.rank <= INTERACTIVE_RANK], False
         return prefilling, False
 
+    # -- what an iteration may spend -------------------------------------------------------
+    def bounded(self, relax: bool, best_waiting: int, running: Iterable[Schedulable]) -> bool:
+        """Whether prefill and embedding iterations keep to the latency target: always, but
+        in serial mode, or with the relaxed bound (``relax``) while no interactive request
+        waits or runs (``best_waiting``: the best class waiting)."""
+        if self.cfg.mode == "serial":
+            return False
+        return not relax or best_waiting <= INTERACTIVE_RANK or any(
+            r.rank <= INTERACTIVE_RANK for r in running)
+
+    def cuts_decode(self, rank: int, best_prefill: int, prefill_tokens: int,
+                    min_chunk: int) -> bool:
+        """Whether a request of class ``rank`` arriving cuts the decode under way (which
+        prefills ``prefill_tokens`` of class ``best_prefill`` at best): voice cuts a real
+        prefill chunk of lower classes only (cutting costs the unfinished micro-batch)."""
+        return (self.cfg.mode == "hearth" and rank == VOICE_RANK
+                and prefill_tokens >= min_chunk and best_prefill > rank)
+
+    def embeddings_go(self, rank: int, best_other: int) -> bool:
+        """Whether the head embedding request (class ``rank`` after aging) runs this
+        iteration beside generation work whose best class waiting or prefilling is
+        ``best_other``."""
+        return self.cfg.mode != "hearth" or rank <= best_other
+
     # -- admission --------------------------------------------------------------------------
     def slots_for(self, r: Schedulable, spare_ids: int = 0) -> int:
         """The running sequences beside which ``r`` may still be admitted: ``max_running``,

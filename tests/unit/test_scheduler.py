@@ -102,3 +102,26 @@ def test_memory_victim_spares_voice_in_hearth_mode():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError):
         PolicyConfig(mode="random")
+
+
+def test_the_engines_class_rules_are_the_policys_answers():
+    """The engine asks, the policy answers (issue 28): the bound, cutting a decode, when
+    embeddings go, voice's spare slots, and when running work may take kept prefixes."""
+    from types import SimpleNamespace as R
+
+    hearth, serial = Policy(PolicyConfig()), Policy(PolicyConfig(mode="serial"))
+    chat, bg, voice = R(rank=1), R(rank=3), R(rank=0)
+    assert hearth.bounded(False, 99, []) and not serial.bounded(False, 0, [])
+    assert not hearth.bounded(True, 3, [bg]) and hearth.bounded(True, 1, [bg])
+    assert hearth.bounded(True, 99, [chat])
+    assert hearth.cuts_decode(0, 3, 64, 16) and not hearth.cuts_decode(0, 0, 64, 16)
+    assert not hearth.cuts_decode(0, 3, 8, 16) and not hearth.cuts_decode(1, 3, 64, 16)
+    assert hearth.embeddings_go(4, 99) and not hearth.embeddings_go(4, 3)
+    assert Policy(PolicyConfig(mode="fifo")).embeddings_go(4, 0)
+    assert hearth.slots_for(voice, spare_ids=5) == 8 + 2 and hearth.slots_for(voice) == 8
+    assert hearth.slots_for(chat, spare_ids=5) == 8
+    assert hearth.growth_takes_kept(1, chat, [chat, chat])  # a chat would preempt a chat
+    assert not hearth.growth_takes_kept(1, bg, [chat, bg])  # a lower class yields first
+    assert hearth.growth_takes_kept(3, bg, [bg, voice])  # alone beside voice: no use
+    assert not hearth.growth_takes_kept(3, bg, [bg, bg])  # one of its own lets the other go
+    assert hearth.growth_takes_kept(0, None, [voice])

@@ -22,10 +22,8 @@ class Batching:
         ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
         of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it)."""
         cap = max(0, self.b.n_batch - n_decode)
-        someone_waits = (self.waiting.best_rank() <= INTERACTIVE_RANK
-                         or any(r.rank <= INTERACTIVE_RANK for r in self.running))
-        if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound
-                                                and not someone_waits):
+        if not self.policy.bounded(self.cfg.relax_prefill_bound, self.waiting.best_rank(),
+                                   self.running):
             return cap
         target = self.cfg.latency_target_s
 

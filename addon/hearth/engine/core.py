@@ -12,7 +12,7 @@ from typing import Any
 from ..kvcache import KVPool
 from ..policy.queue import WaitQueue
 from ..requests import Event, Request, StopMatcher
-from ..scheduler import INTERACTIVE_RANK, VOICE_RANK, Policy, PolicyConfig
+from ..scheduler import INTERACTIVE_RANK, Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admission
 from .base import Backend, BatchItem, EngineConfig, RequestError
@@ -109,11 +109,9 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
     def _maybe_abort(self, r: Request) -> None:
         """A voice request arriving while the running decode only prefills lower classes cuts
         that decode at the next graph node (its finished micro-batches are kept)."""
-        if self.policy.cfg.mode != "hearth" or r.rank != VOICE_RANK or self._inflight is None:
-            return
-        best_rank, prefill_tokens = self._inflight
-        # Cutting costs the unfinished micro-batch; only worth it for a real prefill chunk.
-        if prefill_tokens >= self.cfg.min_prefill_chunk and best_rank > r.rank:
+        inflight = self._inflight
+        if inflight is not None and self.policy.cuts_decode(r.rank, *inflight,
+                                                            self.cfg.min_prefill_chunk):
             self.b.request_abort()
 
     def calibrate(self, token: int, rounds: int = 2) -> None:

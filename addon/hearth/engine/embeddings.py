@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..requests import Event, Request
-from ..scheduler import INTERACTIVE_RANK
 from .base import BatchItem
 
 
@@ -28,7 +27,7 @@ class Embeddings:
         head = self._embed_head or self.policy.order(self.embed_waiting, now)[0]
         rank = self.policy.effective_rank(head, now)
         best = min([self.waiting.best_rank(), *(it.req.rank for it in items if it.n > 1)])
-        return rank <= best or self.policy.cfg.mode != "hearth"
+        return self.policy.embeddings_go(rank, best)
 
     def _embed_budget(self, streaming: bool, spent: float) -> int:
         """Embedding tokens for this iteration. Like prefill, they keep to the latency target
@@ -36,10 +35,8 @@ class Embeddings:
         most one such iteration (an embedding decode cannot be cut); beside running streams,
         what their decode left of it."""
         tok_limit, _ = self.b.embed_limits()
-        someone_waits = (self.waiting.best_rank() <= INTERACTIVE_RANK
-                         or any(r.rank <= INTERACTIVE_RANK for r in self.running))
-        if self.policy.cfg.mode == "serial" or (self.cfg.relax_prefill_bound
-                                                and not someone_waits):
+        if not self.policy.bounded(self.cfg.relax_prefill_bound, self.waiting.best_rank(),
+                                   self.running):
             return tok_limit
         room = self.cfg.latency_target_s - (spent if streaming else 0.0)
         floor = 1 if streaming else self.cfg.min_prefill_chunk
