@@ -53,6 +53,7 @@ class ProcessBackend:
         self.n_seq_max, self.n_batch, self.n_ubatch = (info["n_seq_max"], info["n_batch"],
                                                        info["n_ubatch"])
         self._embed_limits = tuple(info["embed_limits"])
+        self._embed_pieces = bool(info.get("embed_pieces"))
 
     def check(self) -> None:
         """Raise WorkerLost if the worker died while the engine was idle."""
@@ -136,6 +137,13 @@ class ProcessBackend:
 
     def embed_limits(self) -> tuple[int, int]:
         return self._embed_limits  # type: ignore[return-value]
+
+    def embed_pieces(self) -> bool:
+        """Whether a long input may go in pieces (the worker's model is causal)."""
+        return self._embed_pieces
+
+    def embed_piece(self, tokens: list[int], start: int, last: bool) -> list[float]:
+        return self._call("embed_piece", tokens, start, last)
 
     def flush(self) -> None:
         """Send the calls still deferred (before a stop, or a state read)."""

@@ -64,7 +64,8 @@ class Runner:
             "pid": os.getpid(), "rung": rung, "cpu_variant": cpu_variant(), "rungs": rungs,
             "backends": backend_names(), "n_ctx": b.n_ctx, "n_ctx_seq": b.n_ctx_seq,
             "n_seq_max": b.n_seq_max, "n_batch": b.n_batch, "n_ubatch": b.n_ubatch,
-            "embed_limits": b.embed_limits(), "description": model.description,
+            "embed_limits": b.embed_limits(), "embed_pieces": b.embed_pieces(),
+            "description": model.description,
             "n_vocab": model.n_vocab, "n_ctx_train": model.n_ctx_train,
             "chat_template": model.chat_template(), "specials": specials,
             "architecture": model.meta("general.architecture"), "canary_token": token}))
@@ -142,6 +143,9 @@ class Runner:
 
     def op_embed(self, inputs: list[list[int]]) -> list[list[float]]:
         return self.b.embed(inputs)
+
+    def op_embed_piece(self, tokens: list[int], start: int, last: bool) -> list[float]:
+        return self.b.embed_piece(tokens, start, last)
 
     # -- the service channel ----------------------------------------------------------------
     def _service(self) -> None:
