@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from real_model import greedy
 
 from hearth.backend import LlamaBackend
 from hearth.engine import Engine, EngineConfig, EngineCore, RequestError
@@ -322,21 +323,7 @@ def _greedy_json(model, sample_with) -> str:
 
 
 def _greedy(model, text: str, sample_with, n: int = 40) -> str:
-    """``n`` greedy tokens after ``text``, sampled by ``sample_with(ctx)``."""
-    ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=2, n_batch=256, n_threads=2))
-    try:
-        prompt = model.tokenize(text)
-        ctx.decode(prompt, list(range(len(prompt))), [0] * len(prompt),
-                   [False] * (len(prompt) - 1) + [True])
-        sample = sample_with(ctx)
-        out, pos, row = [], len(prompt), len(prompt) - 1
-        for _ in range(n):
-            out.append(sample(row))
-            ctx.decode([out[-1]], [pos], [0], [True])
-            pos, row = pos + 1, 0
-        return b"".join(model.piece(t) for t in out).decode("utf-8", "replace")
-    finally:
-        ctx.close()
+    return greedy(model, text, sample_with, n)
 
 
 def test_grammar_checked_on_the_sampled_token_gives_what_the_full_grammar_gives(model):
@@ -391,118 +378,3 @@ def test_packed_prefix_cache_serves_the_same_continuations(model):
         results.append(s.tokens)
         b.close()
     assert_parts_only_at_a_near_tie(model, turns[2], results[0], results[1])
-
-
-def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
-    """Under tool_choice "auto" the call grammar waits for ``<tool_call>``: an answer without a
-    call comes out token for token as without a grammar, and a call the model opens names
-    only an allowed entity, where the model left alone copies an unknown one."""
-    import json as _json
-
-    from hearth.llama_sampling import Sampler, json_schema_grammar
-    from hearth.tools import (
-        LAZY_CALL_TRIGGER,
-        parse_tool_calls,
-        tool_call_schema,
-        with_argument_values,
-        wrap_grammar,
-    )
-
-    tools = with_argument_values([{"type": "function", "function": {
-        "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
-            "name": {"type": "string"}}, "required": ["name"]}}}],
-        {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
-    grammar = wrap_grammar(json_schema_grammar(tool_call_schema(tools)), "<tool_call>",
-                           "</tool_call>", repeat=True)
-
-    def free(ctx):
-        s = Sampler(model, SamplingParams(temperature=0))
-        return lambda row: s.sample(ctx, row)
-
-    def lazy(ctx):
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
-        return lambda row: s.sample(ctx, row)
-
-    question = "Question: What is the capital of France?\nAnswer:"
-    answer = _greedy(model, question, free)
-    assert "<tool_call>" not in answer
-    assert _greedy(model, question, lazy) == answer
-
-    example = ('<tool_call>{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}'
-               "</tool_call>")
-    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
-              "Command: Turn on the garage heater.\nCall:"
-    copied = _greedy(model, command, free)
-    assert "Garage heater" in copied.split("\n")[0], copied  # the model names what it was told
-    held = _greedy(model, command, lazy)
-    _, calls = parse_tool_calls(held.split("\n")[0].strip())
-    assert calls, held
-    args = _json.loads(calls[0]["function"]["arguments"])
-    assert args["name"] in {"Kitchen light", "Porch light"}
-
-    # The token that completes the trigger may carry a newline past it: the grammar takes it
-    # (a grammar refusing a replayed token aborts the process inside llama.cpp).
-    s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                      grammar_trigger=LAZY_CALL_TRIGGER))
-    for t in model.tokenize('Sure. <tool_call>\n{"name": "HassTurnOn", "arguments": '
-                            '{"name": "Porch light"}}\n</tool_call>', add_special=False):
-        s.accept(t)
-    s.close()
-
-
-def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
-    """The lazy grammar's second opening: a ```json block whose object begins with "name" is
-    held to the call's schema (an allowed name only), and the whole of it parses as a call; a
-    fence holding other JSON, or code, comes out as without a grammar."""
-    import json as _json
-
-    from hearth.llama_sampling import Sampler, json_schema_grammar
-    from hearth.tools import (
-        LAZY_CALL_TRIGGER,
-        lazy_call_grammar,
-        parse_tool_calls,
-        tool_call_schema,
-        with_argument_values,
-    )
-
-    tools = with_argument_values([{"type": "function", "function": {
-        "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
-            "name": {"type": "string"}}, "required": ["name"]}}}],
-        {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
-    grammar = lazy_call_grammar(json_schema_grammar(tool_call_schema(tools)))
-
-    def free(ctx):
-        s = Sampler(model, SamplingParams(temperature=0))
-        return lambda row: s.sample(ctx, row)
-
-    def lazy(ctx):
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
-        return lambda row: s.sample(ctx, row)
-
-    other = 'Data: ```json\n{"city": "Paris", "people": 3}\n```\nData: ```json\n{"city":'
-    assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
-
-    example = '```json\n{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}\n```'
-    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
-              "Command: Turn on the garage heater.\nCall:"
-    copied = _greedy(model, command, free)
-    assert copied.lstrip().startswith("```json") and "Garage heater" in copied, copied
-    held = _greedy(model, command, lazy)
-    _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
-    assert calls, held
-    assert _json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
-                                                                      "Porch light"}
-
-    # Replayed whole (a grammar refusing a token aborts inside llama.cpp): both openings.
-    for text in ('Sure.\n```json\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": '
-                 '"Porch light"}\n}\n```',
-                 'Sure. <tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "Porch '
-                 'light"}}\n</tool_call>'):
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
-        for t in model.tokenize(text, add_special=False):
-            s.accept(t)
-        s.close()
-
