@@ -4,12 +4,30 @@ refuses a replayed token aborts inside llama.cpp, so each opening is also replay
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from real_model import greedy as _greedy
 
 from hearth.llama_adapter import Model, init_backend
+from hearth.llama_sampling import Sampler, json_schema_grammar
 from hearth.models import packaged_model
 from hearth.requests import SamplingParams
+from hearth.tools import (
+    LAZY_CALL_TRIGGER,
+    lazy_call_grammar,
+    parse_tool_calls,
+    tool_call_schema,
+    with_argument_values,
+    wrap_grammar,
+)
+
+# One intent tool whose name argument may be only an exposed light's.
+TOOLS = with_argument_values([{"type": "function", "function": {
+    "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
+        "name": {"type": "string"}}, "required": ["name"]}}}],
+    {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
+CALL_JSON = json_schema_grammar(tool_call_schema(TOOLS))
 
 pytestmark = pytest.mark.model
 
@@ -22,28 +40,8 @@ def model():
     m.close()
 
 
-def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
-    """Under tool_choice "auto" the call grammar waits for ``<tool_call>``: an answer without a
-    call comes out token for token as without a grammar, and a call the model opens names
-    only an allowed entity, where the model left alone copies an unknown one."""
-    import json as _json
-
-    from hearth.llama_sampling import Sampler, json_schema_grammar
-    from hearth.tools import (
-        LAZY_CALL_TRIGGER,
-        parse_tool_calls,
-        tool_call_schema,
-        with_argument_values,
-        wrap_grammar,
-    )
-
-    tools = with_argument_values([{"type": "function", "function": {
-        "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
-            "name": {"type": "string"}}, "required": ["name"]}}}],
-        {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
-    grammar = wrap_grammar(json_schema_grammar(tool_call_schema(tools)), "<tool_call>",
-                           "</tool_call>", repeat=True)
-
+def samplers(model, grammar: str):
+    """Greedy samplers without a grammar and with ``grammar`` held from the lazy trigger."""
     def free(ctx):
         s = Sampler(model, SamplingParams(temperature=0))
         return lambda row: s.sample(ctx, row)
@@ -52,6 +50,16 @@ def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
         s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
                                           grammar_trigger=LAZY_CALL_TRIGGER))
         return lambda row: s.sample(ctx, row)
+
+    return free, lazy
+
+
+def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
+    """Under tool_choice "auto" the call grammar waits for ``<tool_call>``: an answer without a
+    call comes out token for token as without a grammar, and a call the model opens names
+    only an allowed entity, where the model left alone copies an unknown one."""
+    grammar = wrap_grammar(CALL_JSON, "<tool_call>", "</tool_call>", repeat=True)
+    free, lazy = samplers(model, grammar)
 
     question = "Question: What is the capital of France?\nAnswer:"
     answer = _greedy(model, question, free)
@@ -67,7 +75,7 @@ def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
     held = _greedy(model, command, lazy)
     _, calls = parse_tool_calls(held.split("\n")[0].strip())
     assert calls, held
-    args = _json.loads(calls[0]["function"]["arguments"])
+    args = json.loads(calls[0]["function"]["arguments"])
     assert args["name"] in {"Kitchen light", "Porch light"}
 
     # The token that completes the trigger may carry a newline past it: the grammar takes it
@@ -84,31 +92,8 @@ def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
     """The lazy grammar's second opening: a ```json block whose object begins with "name" is
     held to the call's schema (an allowed name only), and the whole of it parses as a call; a
     fence holding other JSON, or code, comes out as without a grammar."""
-    import json as _json
-
-    from hearth.llama_sampling import Sampler, json_schema_grammar
-    from hearth.tools import (
-        LAZY_CALL_TRIGGER,
-        lazy_call_grammar,
-        parse_tool_calls,
-        tool_call_schema,
-        with_argument_values,
-    )
-
-    tools = with_argument_values([{"type": "function", "function": {
-        "name": "HassTurnOn", "parameters": {"type": "object", "properties": {
-            "name": {"type": "string"}}, "required": ["name"]}}}],
-        {"HassTurnOn": {"name": ["Kitchen light", "Porch light"]}})
-    grammar = lazy_call_grammar(json_schema_grammar(tool_call_schema(tools)))
-
-    def free(ctx):
-        s = Sampler(model, SamplingParams(temperature=0))
-        return lambda row: s.sample(ctx, row)
-
-    def lazy(ctx):
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
-        return lambda row: s.sample(ctx, row)
+    grammar = lazy_call_grammar(CALL_JSON)
+    free, lazy = samplers(model, grammar)
 
     other = 'Data: ```json\n{"city": "Paris", "people": 3}\n```\nData: ```json\n{"city":'
     assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
@@ -121,7 +106,7 @@ def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
     held = _greedy(model, command, lazy)
     _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
     assert calls, held
-    assert _json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
+    assert json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
                                                                       "Porch light"}
 
     # Replayed whole (a grammar refusing a token aborts inside llama.cpp): both openings.
