@@ -95,24 +95,34 @@ async def _with_client(stack: DemoStack, work):
             await ha.close()
 
 
+async def _satellite(ha: HomeAssistantClient) -> str:
+    """A device for voice turns to come from (the Hearth server's device stands in for a
+    satellite): a pipeline run with no device and no speech is a typed turn, chat."""
+    entries = await ha.get("/api/config/config_entries/entry?domain=hearth")
+    entry_id = next(e["entry_id"] for e in entries if e["state"] == "loaded")
+    devices = await ha.ws("config/device_registry/list")
+    return next(d["id"] for d in devices if entry_id in (d.get("config_entries") or []))
+
+
 def test_conversation_answered_by_the_model(stack: DemoStack) -> None:
     """A typed turn through Home Assistant's conversation API reaches Hearth (chat class) and the
-    model's answer comes back. Through the Assist pipeline (as voice satellites send turns), a
-    command Home Assistant's own intents match turns the light on without the model, and a
-    question they do not match reaches Hearth as voice."""
+    model's answer comes back. Through the Assist pipeline from a device (as satellites send
+    turns), a command Home Assistant's own intents match turns the light on without the model,
+    and a question they do not match reaches Hearth as voice."""
     assert stack.first_answer  # DemoStack.start sent one through /api/conversation/process
 
     async def work(ha: HomeAssistantClient):
         typed = await ha.converse("Say hello to the household.", AGENT_ID, timeout_s=180)
+        device = await _satellite(ha)
         before = _queue(stack)["classes"]
         t0 = time.monotonic()
         command = await ha.voice_turn("Turn on the kitchen light.", stack.pipeline_id,
-                                      device_id=None, timeout_s=180)
+                                      device_id=device, timeout_s=180)
         t1 = time.monotonic()
         light = await ha.get("/api/states/light.kitchen_light")
         after_command = _queue(stack)["classes"]
         question = await ha.voice_turn("What should I cook for dinner tonight?",
-                                       stack.pipeline_id, device_id=None, timeout_s=180)
+                                       stack.pipeline_id, device_id=device, timeout_s=180)
         t2 = time.monotonic()
         print(f"command through local intents: {t1 - t0:.2f} s; question through Hearth: "
               f"{t2 - t1:.2f} s")
@@ -178,8 +188,8 @@ def test_dashboard_in_a_browser(stack: DemoStack) -> None:
     from playwright.sync_api import sync_playwright
 
     async def voice_turn(ha: HomeAssistantClient) -> str:
-        return await ha.voice_turn("Is the porch light on?", stack.pipeline_id, device_id=None,
-                                   timeout_s=180)
+        return await ha.voice_turn("Is the porch light on?", stack.pipeline_id,
+                                   device_id=await _satellite(ha), timeout_s=180)
 
     assert _ha(stack, voice_turn).strip()  # so the voice tiles have a value
 
