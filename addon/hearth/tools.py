@@ -249,12 +249,23 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 LAZY_CALL_TRIGGER = r'<tool_call>|```json[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
 # JSON as models write it in a fence: indented, one item a line.
 _PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
+# A grammar's literals and character classes, and its words (rule names among them).
+_GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z0-9_-]+')
+
+
+def _prefixed(gbnf: str, prefix: str) -> str:
+    """``gbnf`` with every rule renamed ``prefix`` + name (literals left alone), so a second
+    copy of it can stand beside the first in one grammar."""
+    names = set(re.findall(r"^([A-Za-z0-9_-]+)\s*::=", gbnf, flags=re.M))
+    return _GBNF_TOKEN.sub(lambda m: prefix + m[0] if m[0] in names else m[0], gbnf)
 
 
 def lazy_call_grammar(gbnf: str) -> str:
-    """The grammar behind :data:`LAZY_CALL_TRIGGER`: one or more Hermes calls, or one fenced
-    call (``gbnf`` is one call's JSON, root rule ``root``, from the schema converter)."""
+    """The grammar behind :data:`LAZY_CALL_TRIGGER`: one or more Hermes calls, as compact as
+    the converter's JSON, or one fenced call, which may be indented (``gbnf`` is one call's
+    JSON, root rule ``root``, from the schema converter)."""
+    hermes = wrap_grammar(gbnf, OPEN, CLOSE, repeat=True).replace("root ::=", "hermes ::=", 1)
     pretty = re.sub(r"^space ::= .*$", lambda _: _PRETTY_SPACE, gbnf, flags=re.M)
-    hermes = wrap_grammar(pretty, OPEN, CLOSE, repeat=True).replace("root ::=", "hermes ::=", 1)
     return ('root ::= hermes | fenced\n'
-            'fenced ::= "```json" [ \\t\\n]* body [ \\t\\n]* "```"\n' + hermes)
+            'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"\n'
+            + _prefixed(pretty, "fenced-") + "\n" + hermes)

@@ -113,4 +113,6 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
         assert not trigger.search(free), free
     grammar = lazy_call_grammar('root ::= "{" space "\\"name\\"" space\nspace ::= " "?')
     assert 'space ::= | " " | "\\n" [ \\t]{0,20}' in grammar
-    assert 'fenced ::= "```json" [ \\t\\n]* body [ \\t\\n]* "```"' in grammar
+    assert 'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"' in grammar
+    # Hermes calls keep the converter's compact JSON (indenting spends a short reply's tokens)
+    assert '\nspace ::= " "?' in grammar and "\nfenced-space ::= " in grammar
