@@ -123,7 +123,6 @@ class ChatCompletionRequest(SamplingFields):
         "markers): auto/deepseek = in message.reasoning_content (streamed as "
         "delta.reasoning_content), none = left in content, hide = dropped.")
 
-
     @model_validator(mode="after")
     def _argument_sets(self) -> ChatCompletionRequest:
         """"$name" in tool_argument_values becomes that list of tool_argument_sets (the same

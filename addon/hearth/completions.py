@@ -61,6 +61,7 @@ class CompletionError(Exception):
 
 
 RESPONSE_SCHEMA = "response_format.json_schema.schema"
+_LIMIT_CODES = {"response_format": "invalid_response_format", "tools": "invalid_tools"}
 # No token of a real vocabulary is this long: text of more characters than this many per token
 # of the context cannot fit, and is refused before it is tokenized (a 4 MB prompt is refused in
 # the time it takes to count it).
@@ -72,7 +73,6 @@ def check_chars(n_chars: int, n_ctx_seq: int, param: str) -> None:
         raise CompletionError(400, f"{param}: {n_chars:,} characters cannot fit the model's "
                               f"context of {n_ctx_seq:,} tokens", "context_length_exceeded",
                               param)
-_LIMIT_CODES = {"response_format": "invalid_response_format", "tools": "invalid_tools"}
 
 
 def too_large(e: SchemaTooLarge) -> CompletionError:

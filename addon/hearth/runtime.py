@@ -263,14 +263,12 @@ class Runtime:
         self.exit_code = 70  # EX_SOFTWARE
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def tokenize_prompt(self, text: str, pieces: list[tuple[str, bool]] | None = None
-                        ) -> list[int]:
-        """A rendered chat prompt; with ``pieces``, its messages' content as text."""
+    def tokenize_prompt(self, text: str, pieces: list[tuple[str, bool]]) -> list[int]:
+        """A rendered chat prompt (``text``) given as :meth:`ChatFormatter.render_pieces`'
+        pieces: its messages' content is tokenized as text."""
         bos = self.formatter.bos_token if self.formatter else ""
         add_special = not (bos and text.startswith(bos))
-        if pieces is not None:
-            return self.model.tokenize_pieces(pieces, add_special=add_special)
-        return self.model.tokenize(text, add_special=add_special, parse_special=True)
+        return self.model.tokenize_pieces(pieces, add_special=add_special)
 
     def close(self) -> bool:
         """Stop the engine, save the voice and chat prefixes, stop the worker. A decode that

@@ -141,7 +141,7 @@ class Fleet:
                 "progress": w.rt.progress, "loads": w.loads, "unloads": w.unloads,
                 # what the model can do (its template's, once it has been loaded)
                 "capabilities": template_capabilities(w.rt.formatter.source)
-                if getattr(w.rt, "formatter", None) is not None else [],
+                if w.rt.formatter is not None else [],
                 "last_load_s": w.rt.load_s,
                 "worker": w.rt.supervisor.report() if w.rt.supervisor else None,
                 "paused_for_others_s": self._paused(w),
