@@ -66,6 +66,12 @@ TOOLS_SYSTEM_PROMPT = (
 )
 
 
+# Qwen2.5's templates show the call format as {{"name": …}} (a literal "{{" inside a Jinja
+# string) and its small models copy the doubled braces into their calls. Shown as meant.
+_QWEN_DOUBLED_CALL = '{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}'
+_QWEN_CALL = '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}'
+
+
 class PromptError(ValueError):
     pass
 
@@ -109,12 +115,14 @@ class ChatFormatter:
     def __init__(self, template: str | None, bos_token: str = "", eos_token: str = "",
                  architecture: str | None = None):
         fallback = fallback_template(architecture)
-        self.source = template or fallback
+        self.source = (template or fallback).replace(_QWEN_DOUBLED_CALL, _QWEN_CALL)
         self.is_fallback = template is None
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters.setdefault("tojson", lambda v, **kw: json.dumps(v, ensure_ascii=False, **kw))
+        # As transformers renders it: keys in their order, text as it is. (Jinja's own tojson
+        # sorts keys and writes ' < > & and every non-ASCII letter as \u escapes.)
+        env.filters["tojson"] = lambda v, **kw: json.dumps(v, ensure_ascii=False, **kw)
         try:
             self.template = env.from_string(self.source)
         except TemplateError as e:  # a broken template in a GGUF: the fallback still works

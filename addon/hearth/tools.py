@@ -8,6 +8,9 @@ Two output styles are understood:
   ``<|python_tag|>``; several separated by ``;`` or newlines).
 - A fenced block (```` ```json ... ``` ````) holding such JSON, as small instruct models often
   write a call; only when every object in it names one of the request's tools.
+- The same JSON in doubled braces, ``{{"name": "f", "arguments": {...}}}``: Qwen2.5's own chat
+  template shows its call format so (a literal ``{{`` in a Jinja string), and small Qwen
+  models copy it.
 
 Parsing is linear in the output's length: model output is whatever a prompt made it write.
 """
@@ -34,9 +37,12 @@ def _call(name: str, args: Any) -> dict[str, Any]:
 
 
 def _as_call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    if not isinstance(obj, dict):
         return None
-    if names is not None and obj["name"] not in names:
+    name = obj.get("name")
+    if name is None and names and obj.get("function") in names:
+        name = obj["function"]  # {"function": "f", "arguments": …}: named by the tool itself
+    if not isinstance(name, str) or (names is not None and name not in names):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
@@ -46,7 +52,7 @@ def _as_call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
             return None
     if not isinstance(args, dict):
         return None
-    return _call(obj["name"], args)
+    return _call(name, args)
 
 
 def _json_objects(text: str) -> list[Any] | None:
@@ -78,12 +84,22 @@ def parse_tool_calls(text: str, names: set[str] | None = None
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG):]
     if body.startswith("{"):
-        objs = _json_objects(body)
+        objs = _undoubled(body) if body.startswith("{{") else _json_objects(body)
         if objs:
             calls = [_as_call(o, names) for o in objs]
             if all(c is not None for c in calls):
                 return "", calls  # type: ignore[return-value]
     return text, []
+
+
+def _undoubled(body: str) -> list[Any] | None:
+    """The one object inside ``{{ … }}``; the closing braces may be one short (the grammar
+    below ends the call with its object) or over."""
+    try:
+        obj, end = json.JSONDecoder().raw_decode(body, 1)
+    except ValueError:
+        return None
+    return [obj] if not body[end:].strip().strip("}") else None
 
 
 def _hermes_calls(text: str, names: set[str] | None) -> tuple[str, list[dict[str, Any]]]:
@@ -236,17 +252,19 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 
 # Under tool_choice "auto" the model chooses freely whether to call; from the moment it opens
 # a call the call's grammar holds, so the call parses and its arguments keep to the tool's
-# schema (an enum of exposed names, say). Two openings: Hermes' tag, and a fenced JSON block
+# schema (an enum of exposed names, say). Three openings: Hermes' tag; a fenced JSON block
 # whose object begins with "name" (how small instruct models such as Qwen2.5-Coder often
-# write a call); a fence holding other JSON stays free. Bare JSON is not held: an answer may be
-# JSON.
+# write a call), a fence holding other JSON staying free; and an answer opening with
+# ``{{"name"`` (Qwen2.5's template shows its call so), which no JSON answer does. Bare JSON is
+# not held: an answer may be JSON.
 # A plain pattern: llama.cpp then feeds the grammar from the match. A pattern with a leading
 # [\s\S]*? group is searched over the whole output at every token (seconds per token after a
 # few hundred tokens).
 # The text a trigger matches is replayed into the grammar, and a grammar refusing it aborts
 # inside llama.cpp: each pattern accepts only what its grammar does (no capturing group, which
 # would move the start), so the JSON's whitespace here is the grammar's ``space`` below.
-LAZY_CALL_TRIGGER = r'<tool_call>|```json[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
+LAZY_CALL_TRIGGER = (r'<tool_call>|```json[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
+                     r'|^[ \t\n]*\{\{ ?"name"')
 # JSON as models write it in a fence: indented, one item a line.
 _PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
 # A grammar's literals and character classes, and its words (rule names among them).
@@ -262,10 +280,12 @@ def _prefixed(gbnf: str, prefix: str) -> str:
 
 def lazy_call_grammar(gbnf: str) -> str:
     """The grammar behind :data:`LAZY_CALL_TRIGGER`: one or more Hermes calls, as compact as
-    the converter's JSON, or one fenced call, which may be indented (``gbnf`` is one call's
-    JSON, root rule ``root``, from the schema converter)."""
+    the converter's JSON, one fenced call, which may be indented, or one compact call in
+    doubled braces (``gbnf`` is one call's JSON, root rule ``root``, from the schema
+    converter)."""
     hermes = wrap_grammar(gbnf, OPEN, CLOSE, repeat=True).replace("root ::=", "hermes ::=", 1)
     pretty = re.sub(r"^space ::= .*$", lambda _: _PRETTY_SPACE, gbnf, flags=re.M)
-    return ('root ::= hermes | fenced\n'
+    return ('root ::= hermes | fenced | doubled\n'
             'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"\n'
+            'doubled ::= [ \\t\\n]* "{" body "}"?\n'
             + _prefixed(pretty, "fenced-") + "\n" + hermes)

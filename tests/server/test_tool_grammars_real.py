@@ -109,13 +109,34 @@ def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
     assert json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
                                                                       "Porch light"}
 
-    # Replayed whole (a grammar refusing a token aborts inside llama.cpp): both openings.
+    # Replayed whole (a grammar refusing a token aborts inside llama.cpp): every opening.
     for text in ('Sure.\n```json\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": '
                  '"Porch light"}\n}\n```',
                  'Sure. <tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "Porch '
-                 'light"}}\n</tool_call>'):
+                 'light"}}\n</tool_call>',
+                 '{{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}}'):
         s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
                                           grammar_trigger=LAZY_CALL_TRIGGER))
         for t in model.tokenize(text, add_special=False):
             s.accept(t)
         s.close()
+
+
+def test_a_call_in_doubled_braces_is_held_from_its_opening(model):
+    """The third opening: an answer that begins ``{{"name"`` (as Qwen2.5's template shows a
+    call) is held to the call's schema and parses as a call; the same braces later in an
+    answer stay free."""
+    grammar = lazy_call_grammar(CALL_JSON)
+    free, lazy = samplers(model, grammar)
+    example = '{{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}}'
+    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
+              "Command: Turn on the garage heater.\nCall:"
+    copied = _greedy(model, command, free)
+    assert copied.lstrip().startswith("{{") and "Garage heater" in copied, copied
+    held = _greedy(model, command, lazy)
+    _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
+    assert calls, held
+    assert json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
+                                                                      "Porch light"}
+    later = f"Example: {example}\nExample:"
+    assert _greedy(model, later, lazy, n=20) == _greedy(model, later, free, n=20)

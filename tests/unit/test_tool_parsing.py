@@ -40,10 +40,29 @@ def test_a_fence_that_names_no_tool_stays_the_answer():
     assert parse_tool_calls(text, None) == (text, [])
 
 
+def test_a_call_in_doubled_braces_is_a_call_as_qwen_writes_it():
+    """Qwen2.5's template shows ``{{"name": …}}`` and its small models copy it: closed with one
+    brace too many, as written, or one short, where the lazy grammar ended the call; and the
+    tool named under "function" instead of "name"."""
+    inner = json.dumps(CALL)
+    for text in ("{" + inner + "}", "{" + inner, " {" + inner + "}}\n"):
+        assert _calls(parse_tool_calls(text, NAMES)[1]) == [("HassTurnOn",
+                                                             {"name": "Kitchen light"})], text
+    aliased = {"function": "HassTurnOff", "arguments": {}}
+    assert _calls(parse_tool_calls(json.dumps(aliased), NAMES)[1]) == [("HassTurnOff", {})]
+    # Not calls: a doubled-brace object naming no tool, text after it, a "function" naming
+    # something else, and JSON with a "function" key when no tools were sent.
+    for text in ('{{"name": "rm_rf", "arguments": {}}}', "{" + inner + "} and more",
+                 '{"function": "rm_rf", "arguments": {}}'):
+        assert parse_tool_calls(text, NAMES) == (text, []), text
+    text = json.dumps(aliased)
+    assert parse_tool_calls(text, None) == (text, [])
+
+
 FRAGMENTS = st.sampled_from([
     "<tool_call>", "</tool_call>", "```", "```json\n", json.dumps(CALL),
     json.dumps({"name": "HassTurnOff", "arguments": {}}), "{", "}", " ", "\n", "  \t",
-    "Okay.", "the light", "<tool", "``", "<|python_tag|>", ";",
+    "Okay.", "the light", "<tool", "``", "<|python_tag|>", ";", "{{", "}}",
 ])
 
 
@@ -105,14 +124,15 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     trigger = re.compile(LAZY_CALL_TRIGGER)
     assert trigger.groups == 0  # a group would move where the replay starts
     for held in ('```json\n{"name"', '```json\n{\n  "name"', '```json\n\n{ "name"',
-                 "<tool_call>", 'Sure. ```json\n{\n\t"name"'):
+                 "<tool_call>", 'Sure. ```json\n{\n\t"name"', '{{"name"', '\n {{ "name"'):
         assert trigger.search(held), held
     for free in ('```json\n{  "name"', '```json\n{\n\n"name"', '```JSON\n{"name"',
                  '```json\n{"city"', '```\n{"name"', '{"name"',
-                 '```json\n{\n' + ' ' * 21 + '"name"'):
+                 '```json\n{\n' + ' ' * 21 + '"name"', 'Sure: {{"name"', '{{\n"name"'):
         assert not trigger.search(free), free
     grammar = lazy_call_grammar('root ::= "{" space "\\"name\\"" space\nspace ::= " "?')
     assert 'space ::= | " " | "\\n" [ \\t]{0,20}' in grammar
     assert 'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"' in grammar
+    assert 'doubled ::= [ \\t\\n]* "{" body "}"?' in grammar and "\nbody ::=" in grammar
     # Hermes calls keep the converter's compact JSON (indenting spends a short reply's tokens)
     assert '\nspace ::= " "?' in grammar and "\nfenced-space ::= " in grammar
