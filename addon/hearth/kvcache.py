@@ -26,50 +26,11 @@ the whole conversation), so every cell no running sequence needs can be freed.
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 from .policy.cache import CachePolicy
+from .prefix_index import PrefixEntry, PrefixIndex, common_prefix
 from .scheduler import RANK_NAMES
-
-
-@dataclass(eq=False)
-class PrefixEntry:
-    seq_id: int
-    tokens: list[int]
-    own: int  # cells this entry alone keeps alive
-    shared: PrefixEntry | None = None  # the entry its first cells are shared with
-    sharers: set = field(default_factory=set)  # objects (requests/entries) sharing our cells
-    hits: int = 0
-    rank: int = 99  # the best class that left it or was served by it (see policy.cache)
-    born: float = 0.0  # when its first tokens were cached (engine clock)
-    resume: bool = False  # a preempted request's work, until it is used again
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0 or a[0] != b[0]:
-        return 0
-    # Exponential probe then binary search: slices compare in C, far faster than a Python loop.
-    lo, step = 0, 64
-    while lo < n:
-        hi = min(n, lo + step)
-        if a[lo:hi] != b[lo:hi]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return n
-    hi = min(n, lo + step)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo if a[lo] != b[lo] else lo + 1
-
-
-INDEX_LEN = 16  # a shared prefix shorter than this is not worth a lookup
 
 
 class KVPool:
@@ -87,9 +48,7 @@ class KVPool:
         self.max_entries = max_entries if enabled else 0
         self.running_cells = 0  # cells owned by running sequences
         self.reserved_cells = 0  # set aside for running sequences, not computed yet
-        # Entries by their first INDEX_LEN tokens (shorter ones apart): a lookup compares only
-        # the entries that can share a useful prefix with the prompt, not every entry.
-        self._index: dict[tuple[int, ...], dict[int, PrefixEntry]] = {}
+        self._index = PrefixIndex()
         self.hits = 0
         self.lookups = 0
         self.hit_tokens = 0
@@ -162,19 +121,13 @@ class KVPool:
             return None, 0
         return best, best_n
 
-    def _key(self, tokens: list[int]) -> tuple[int, ...] | None:
-        return tuple(tokens[:INDEX_LEN]) if len(tokens) >= INDEX_LEN else None
-
     def _candidates(self, tokens: list[int]):
-        key = self._key(tokens)
-        if key is not None:
-            yield from self._index.get(key, {}).values()
-        yield from self._index.get((), {}).values()  # entries shorter than the key
+        return self._index.candidates(tokens)
 
     def _add(self, e: PrefixEntry) -> None:
         self.version += 1
         self.entries[e.seq_id] = e
-        self._index.setdefault(self._key(e.tokens) or (), {})[e.seq_id] = e
+        self._index.add(e)
 
     def use(self, entry: PrefixEntry | None, hit: int, n_tokens: int, count: bool = True,
             rank: int = 99) -> None:
@@ -302,16 +255,10 @@ class KVPool:
         the cells past them."""
         self.trims += 1
         self.version += 1
-        old = self._key(e.tokens) or ()
+        old = e.tokens
         e.own -= self._spare(e, keep)
         e.tokens = e.tokens[:keep]
-        new = self._key(e.tokens) or ()
-        if new != old:
-            bucket = self._index[old]
-            del bucket[e.seq_id]
-            if not bucket:
-                del self._index[old]
-            self._index.setdefault(new, {})[e.seq_id] = e
+        self._index.moved(e, old)
 
     def kept(self) -> set[int]:
         """Seq ids of the interactive entries within the kept budget (:mod:`.policy.cache`)."""
@@ -348,11 +295,7 @@ class KVPool:
         it shares with that parent instead."""
         del self.entries[e.seq_id]
         self.version += 1
-        key = self._key(e.tokens) or ()
-        bucket = self._index[key]
-        del bucket[e.seq_id]
-        if not bucket:
-            del self._index[key]
+        self._index.remove(e)
         parent = e.shared
         if parent is not None:
             parent.sharers.discard(e)

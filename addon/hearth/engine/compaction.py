@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..kvcache import PrefixEntry
+from ..prefix_index import PrefixEntry
 
 if TYPE_CHECKING:
     from .core import EngineCore

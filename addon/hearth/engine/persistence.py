@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from ..kvcache import INDEX_LEN, PrefixEntry
+from ..prefix_index import INDEX_LEN, PrefixEntry
 from ..prefix_store import PrefixStore, Saved, name_for
 
 if TYPE_CHECKING:
