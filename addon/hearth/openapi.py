@@ -109,6 +109,13 @@ def build() -> dict[str, Any]:
                                        "computed_tokens, seconds", obj), **gen_errors}}},
         "/v1/queue": {"get": {"summary": "Queue health", "responses": {
             "200": _resp("Queue health document", obj), **_errors(401, 503)}}},
+        "/v1/queue/events": {"get": {
+            "summary": "Server-sent events: queue health as it changes. Each event is "
+                       "'event: queue' with the /v1/queue document: one on connecting, then "
+                       "one per change (at most one a second), keepalive comments between; "
+                       "nothing is replayed. /health's features name it queue_events",
+            "responses": {"200": _resp("Event stream", {"type": "string"},
+                                       "text/event-stream"), **_errors(401, 503)}}},
         "/v1/jobs": {
             "post": {"summary": "Submit a durable background job", "requestBody":
                      _body("JobCreate"), "responses": {"202": _resp("Job accepted", obj),

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import ClientSession, web
 
 from . import __version__, discovery
-from .api import ollama
+from .api import ollama, queue_stream
 from .api.claims import VoiceShares, claimed_rank, pinned_user
 from .api.guard import Guard
 from .api.http import (
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
 SERVER_ID = web.AppKey("server_id", str)
-FEATURES = ("tool_argument_sets",)
+FEATURES = ("tool_argument_sets", queue_stream.FEATURE)
 
 
 def server_id(data_dir: str) -> str:
@@ -169,19 +169,10 @@ async def warm_cache(request: web.Request) -> web.Response:
 
 
 async def queue(request: web.Request) -> web.Response:
-    """The voice model's queue (the household's headline), every model's residency, jobs."""
-    fleet = ready(request)
-    rt = fleet.primary.rt
-    out: dict[str, Any] = {"model": rt.model_id, "policy": fleet.settings.policy}
-    core = rt.core
-    if core is not None and rt.state == "ready":
-        with core.lock:
-            state = core.queue_state()
-        out.update(state, **core.stats.snapshot(core.b.now()))
-    out.update(fleet.report())
-    out["worker"] = out["models"].get(fleet.primary.name, {}).get("worker")
-    out["jobs"] = await asyncio.to_thread(request.app[JOBS].store.counts)
-    return web.json_response(out)
+    """The voice model's queue (the household's headline), every model's residency, jobs;
+    pushed as it changes by ``/v1/queue/events`` (api/queue_stream.py)."""
+    ready(request)
+    return web.json_response(await queue_stream.queue_body(request.app))
 
 
 async def create_job(request: web.Request) -> web.Response:
@@ -298,6 +289,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     r.add_get("/v1/jobs/{job_id}", get_job)
     r.add_delete("/v1/jobs/{job_id}", delete_job)
     r.add_get("/v1/events", events)
+    queue_stream.install(app)  # GET /v1/queue/events
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
     ollama.add_routes(r)
