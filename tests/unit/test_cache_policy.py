@@ -42,7 +42,7 @@ def _flood_then_voice(system_len: int, share: float, sizes: list[int], n_ctx: in
     core.submit(first)
     run_until(core, lambda: s1.done is not None)
     evicted_by_lower: list[int] = []
-    free = core._free_cache
+    free = core.kv.free_cache
 
     def watched(entry, hit, rank, wanted=None):
         kept = {seq: len(core.pool.entries[seq].tokens) for seq in core.pool.kept()}
@@ -53,7 +53,7 @@ def _flood_then_voice(system_len: int, share: float, sizes: list[int], n_ctx: in
                 if seq not in core.pool.entries or len(core.pool.entries[seq].tokens) < n)
         return freed
 
-    core._free_cache = watched
+    core.kv.free_cache = watched
     flood = [request(b, "background", n, 8, seed=100 + i) for i, n in enumerate(sizes)]
     for r, _ in flood:
         core.submit(r)

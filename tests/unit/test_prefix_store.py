@@ -70,7 +70,7 @@ def test_saving_twice_writes_only_what_changed_and_prunes_what_left(tmp_path):
     stamps = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.kvstate")}
     assert core.persist() is None  # nothing changed
     chat = next(e for e in core.pool.entries.values() if e.rank == 1)
-    core._drop_seq(core.pool.forget(chat))
+    core.kv.drop(core.pool.forget(chat))
     _serve(core, b, "chat", 40, 6, [8500 + i for i in range(100)])
     core.persist(force=True).result()
     now = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.kvstate")}

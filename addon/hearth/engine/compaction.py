@@ -29,9 +29,6 @@ COMPACT_MIN_FREED = 512
 
 
 class Compaction:
-    def _note_high_water(self: EngineCore) -> None:
-        self.pool.high_water = max(self.pool.high_water, self.pool.used_cells)
-
     def _maybe_compact(self: EngineCore) -> bool:
         """Pack the cached prefixes if the engine is idle and work has freed enough cells since
         the last packing. Returns whether it packed."""
@@ -100,7 +97,7 @@ class Compaction:
                 lost.add(e)
         for e in reversed(order):  # children first: a lost entry's children are lost too
             if e in lost:
-                self._drop_seq(self.pool.forget(e))
+                self.kv.drop(self.pool.forget(e))
         if lost:
             log.warning("%d cached prefixes could not be restored while packing the KV cache; "
                         "they will be recomputed when needed", len(lost))

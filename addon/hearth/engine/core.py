@@ -20,6 +20,7 @@ from .batching import Batching
 from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embeddings
+from .kv import KVSpace
 from .persistence import Persistence
 from .recovery import Recovery
 from .view import View
@@ -34,12 +35,12 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self.cfg = cfg or EngineConfig()
         self.policy = Policy(policy_cfg)
         self.stats = stats or Stats()
-        entries = self.cfg.prefix_cache_entries if self.cfg.prefix_cache else 0
-        self.pool = KVPool(backend.n_ctx, backend.n_seq_max, entries, self.cfg.prefix_cache,
-                           kept_cells=int(self.cfg.prefix_cache_kept_share * backend.n_ctx))
         self.cost = CostModel()
         self.embed_cost = CostModel()  # the embedding context's decodes, measured apart
         self.waiting = WaitQueue()  # in admission order by class and member (policy.queue)
+        # The KV cache's accounting and memory calls; it spares the prefixes the next waiting
+        # requests want, looked up once per decode.
+        self.kv = KVSpace(backend, self.cfg, self.waiting, lambda: self.stats.iterations)
         self.running: list[Request] = []
         self.embed_waiting: list[Request] = []
         self._embedding: Request | None = None  # the one whose inputs are being computed
@@ -51,7 +52,6 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self._by_id: dict[int, Request] = {}
         self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
         self._suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
-        self._wanted_memo: tuple[int, frozenset[int]] = (-1, frozenset())
         self._events: dict[int, list[Event]] = {}
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
@@ -61,6 +61,14 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self._admit_dirty = True
         self._admit_next = 0.0
         self._publish()
+
+    @property
+    def pool(self) -> KVPool:
+        """The KV pool's accounting (owned by :attr:`kv`)."""
+        return self.kv.pool
+
+    def _evict_entry(self, avoid: Any = None, rank: int | None = None) -> bool:
+        return self.kv.evict_entry(avoid, rank)
 
     # -- any thread ------------------------------------------------------------------------
     def submit(self, r: Request) -> Request:
@@ -179,7 +187,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             t0 = self.b.now()
             self._decode(items)
             spent = self.b.now() - t0
-            self._note_high_water()
+            self.kv.note_high_water()
         if embed:
             self._run_embeddings(self.b.now(), streaming=bool(items), spent=spent)
         self._flush_events()
@@ -280,7 +288,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             if r.finished:
                 continue
             r.n_past += it.n
-            self._computed(r, it.n)
+            self.kv.computed(r, it.n)
             if not (it.n == 1 and it.output):
                 prompt_done += it.n
                 r.prefilled_tokens += it.n
@@ -333,7 +341,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             if gained:
                 r.n_past = keep
                 r.prefilled_tokens += gained
-                self._computed(r, gained)
+                self.kv.computed(r, gained)
                 self._charge_computed(r, it.start, gained, self.b.now())
 
     # -- retiring ---------------------------------------------------------------------------
@@ -375,9 +383,9 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             self.running.remove(r)
             if (self.cfg.prefix_cache and r.seq_id is not None and r.n_past > 0
                     and not r.cancelled):
-                self._keep_as_prefix(r)
+                self.kv.keep(r)
             else:
-                self._release_seq(r)
+                self.kv.release(r)
         if r.sampler is not None:
             self.b.free_sampler(r.sampler)
             r.sampler = None

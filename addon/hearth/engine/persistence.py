@@ -97,7 +97,7 @@ class Persistence:
             if not self.b.seq_state_set(seq, self.b.state_from_bytes(s.payload)):
                 log.warning("llama.cpp refused the saved prefix %s; it will be recomputed",
                             s.name)
-                self._drop_seq(seq)
+                self.kv.drop(seq)
                 continue
             peak = max(peak, pool.used_cells + len(s.tokens))
             parent, shared = pool.find(s.tokens)
@@ -109,7 +109,7 @@ class Persistence:
                 parent, shared = None, 0
             for drop in pool.insert(seq, s.tokens, len(s.tokens) - shared, parent, rank=s.rank,
                                     now=now - s.age_s):
-                self._drop_seq(drop)
+                self.kv.drop(drop)
             if (e := pool.entries.get(seq)) is not None:
                 e.hits = max(e.hits, s.hits)
         # Cells freed by sharing sit between the restored ones: the first idle moment packs them.

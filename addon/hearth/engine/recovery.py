@@ -88,7 +88,7 @@ class Recovery:
         for r in self.embed_waiting:  # nothing was streamed: computed again from the start
             r.meta.pop("_embedded", None)
             r.meta.pop("_piece", None)
-        self.pool = self.pool.emptied()  # the cache's history outlives the cells it held
+        self.kv.lost()  # the cache's history outlives the cells it held
         self._persisted = ()  # the next idle moment saves what the new worker holds
         self._admit_dirty = True
         self._publish()
