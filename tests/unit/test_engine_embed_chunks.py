@@ -90,7 +90,7 @@ def test_an_input_given_up_part_way_leaves_nothing_behind():
     run_until(core, lambda: sink.done is not None)
     for got, want in zip(sink.done.embedding, b.embed(again), strict=True):
         assert got == pytest.approx(want)
-    assert core._embed_head is None
+    assert core.embedder.head is None
 
 
 def test_a_backend_without_pieces_still_embeds_long_inputs_whole():

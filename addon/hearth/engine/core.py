@@ -1,6 +1,7 @@
 """One iteration of the engine over its backend: submission, batch composition, decoding,
-sampling and retiring. Admission and KV live in :mod:`.admission`, embeddings in
-:mod:`.embeddings`, what other threads may read of it in :mod:`.view`."""
+sampling and retiring. Admission lives in :mod:`.admission`; the KV cache's accounting
+(:mod:`.kv`) and embeddings (:mod:`.embeddings`) are parts with their own state; what other
+threads may read of it is in :mod:`.view`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .base import Backend, BatchItem, EngineConfig, RequestError
 from .batching import Batching
 from .compaction import Compaction
 from .cost import CostModel, attention
-from .embeddings import Embeddings
+from .embeddings import Embedder
 from .kv import KVSpace
 from .persistence import Persistence
 from .recovery import Recovery
@@ -28,7 +29,7 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recovery, View):
+class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -36,15 +37,11 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self.policy = Policy(policy_cfg)
         self.stats = stats or Stats()
         self.cost = CostModel()
-        self.embed_cost = CostModel()  # the embedding context's decodes, measured apart
         self.waiting = WaitQueue()  # in admission order by class and member (policy.queue)
         # The KV cache's accounting and memory calls; it spares the prefixes the next waiting
         # requests want, looked up once per decode.
         self.kv = KVSpace(backend, self.cfg, self.waiting, lambda: self.stats.iterations)
         self.running: list[Request] = []
-        self.embed_waiting: list[Request] = []
-        self._embedding: Request | None = None  # the one whose inputs are being computed
-        self._embed_head: Request | None = None  # the one with an input part-way (pieces)
         self._admitting: Request | None = None  # the one whose sampler is being made
         self.lock = threading.RLock()  # guards the inbox, queue counts and snapshots
         self.wakeup = threading.Event()
@@ -60,12 +57,27 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         # preemption, freed cells) or aging may have moved a class: not every iteration.
         self._admit_dirty = True
         self._admit_next = 0.0
+        self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self._emit,
+                                 self._fail)
         self._publish()
 
     @property
     def pool(self) -> KVPool:
         """The KV pool's accounting (owned by :attr:`kv`)."""
         return self.kv.pool
+
+    @property
+    def embed_waiting(self) -> list[Request]:
+        """Embedding requests waiting (owned by :attr:`embedder`)."""
+        return self.embedder.waiting
+
+    @property
+    def embed_cost(self) -> CostModel:
+        return self.embedder.cost
+
+    @embed_cost.setter
+    def embed_cost(self, cost: CostModel) -> None:  # a new worker keeps what was measured
+        self.embedder.cost = cost
 
     def _evict_entry(self, avoid: Any = None, rank: int | None = None) -> bool:
         return self.kv.evict_entry(avoid, rank)
@@ -147,7 +159,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         requests = {r.id: r for r in [*pending, *self.waiting, *self.running,
                                       *self.embed_waiting]}
         self.waiting.clear()
-        self.running, self.embed_waiting = [], []
+        self.running, self.embedder.waiting = [], []
         for r in requests.values():
             try:
                 r.sink([Event("error", message=message, status=503)])
@@ -178,7 +190,8 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self._drain_inbox(now)
         self._admit(now)
         items = self._fit(self._build_batch(now), now)
-        embed = self._should_embed(items, now)
+        embed = self.embedder.should_run(items, self.waiting.best_rank(), bool(self.waiting),
+                                         now)
         if not items and not embed:
             self._flush_events()
             return False  # nothing to compute: the thread naps until woken
@@ -189,9 +202,16 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
             spent = self.b.now() - t0
             self.kv.note_high_water()
         if embed:
-            self._run_embeddings(self.b.now(), streaming=bool(items), spent=spent)
+            self.embedder.run(self.b.now(), streaming=bool(items), spent=spent,
+                              bounded=self._bounded())
         self._flush_events()
         return True
+
+    def _bounded(self) -> bool:
+        """Whether prefill and embeddings keep to the latency target now (the policy's
+        answer, from who waits and runs)."""
+        return self.policy.bounded(self.cfg.relax_prefill_bound, self.waiting.best_rank(),
+                                   self.running)
 
     def _emit(self, r: Request, ev: Event) -> None:
         self._events.setdefault(r.id, []).append(ev)
@@ -222,7 +242,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
                 self._by_id[r.id] = r
                 self.policy.user_arrived(r.user, now)
                 if r.kind == "embed":
-                    self.embed_waiting.append(r)
+                    self.embedder.add(r)
                 else:
                     r.tokens = list(r.prompt)  # type: ignore[arg-type]
                     r.stopper = StopMatcher(r.stop)
@@ -375,10 +395,7 @@ class EngineCore(Admission, Batching, Embeddings, Compaction, Persistence, Recov
         self._admit_dirty = True  # a slot, cells or a class's share may have come free
         if r in self.waiting:
             self.waiting.remove(r)
-        if r in self.embed_waiting:
-            self.embed_waiting.remove(r)
-            if r is self._embed_head:
-                self._embed_head = None
+        self.embedder.remove(r)
         if r in self.running:
             self.running.remove(r)
             if (self.cfg.prefix_cache and r.seq_id is not None and r.n_past > 0

@@ -58,7 +58,8 @@ class Recovery:
         self._flush_events()  # tokens sampled before the death reach their streams first
         admitting, self._admitting = self._admitting, None
         begun = [r for r in self.waiting if r.first_admitted_at is not None]
-        computing = [*self.running, *([self._embedding] if self._embedding else [])]
+        embedding = self.embedder.computing
+        computing = [*self.running, *([embedding] if embedding else [])]
         if not why.suspect:
             suspects = []
         elif why.during == "new_sampler" and admitting is not None:
@@ -72,8 +73,7 @@ class Recovery:
         for r in lost:
             if r in self.waiting:
                 self.waiting.remove(r)
-            if r in self.embed_waiting:
-                self.embed_waiting.remove(r)
+            self.embedder.remove(r)
             r.finished, r.finish_reason, r.finished_at = True, "error", now
             r.seq_id, r.sampler = None, None
             self._by_id.pop(r.id, None)
@@ -81,13 +81,9 @@ class Recovery:
             self.stats.record_finished(r, now)
         self.running = []
         self._suspects = []
-        self._embedding = None
         for r in self.waiting:
             r.sampler = None  # made in the dead worker: a new one at admission
-        self._embed_head = None
-        for r in self.embed_waiting:  # nothing was streamed: computed again from the start
-            r.meta.pop("_embedded", None)
-            r.meta.pop("_piece", None)
+        self.embedder.lost()  # the rest are computed again from their first input
         self.kv.lost()  # the cache's history outlives the cells it held
         self._persisted = ()  # the next idle moment saves what the new worker holds
         self._admit_dirty = True
