@@ -81,7 +81,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
         ) from err
 
     _async_adopt_server_id(hass, entry, health)
-    coordinator = HearthQueueCoordinator(hass, entry, client)
+    coordinator = HearthQueueCoordinator(hass, entry, client, health.get("features") or ())
     await coordinator.async_config_entry_first_refresh()
 
     jobs = HearthJobWatcher(hass, entry, client)
@@ -96,6 +96,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: HearthConfigEntry) -> bo
 
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
     jobs.async_start()
+    coordinator.async_start()
     entry.async_on_unload(entry.add_update_listener(_async_update_listener))
     LOGGER.debug("Hearth at %s serves %s", client.url, health.get("model"))
     return True

@@ -13,6 +13,7 @@ from .const import (
     CLASS_HEADER,
     EVENTS_READ_TIMEOUT,
     LOGGER,
+    QUEUE_EVENTS_PATH,
     REQUEST_TIMEOUT,
     STREAM_READ_TIMEOUT,
     WARM_UP_TIMEOUT,
@@ -292,16 +293,36 @@ class HearthClient:
         last_event_id: str | None = None,
         on_open: Callable[[], None] | None = None,
     ) -> AsyncIterator[ServerEvent]:
-        """Follow the server's event stream (resumable with the last event id seen).
+        """Follow the server's job event stream (resumable with the last event id seen).
 
         ``on_open`` runs once the server has accepted the subscription.
         """
-        headers = {**self._headers(), "Accept": "text/event-stream"}
-        if last_event_id is not None:
-            headers["Last-Event-ID"] = last_event_id
+        headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+        async for event in self._async_follow("/v1/events", "event stream", headers, on_open):
+            yield event
+
+    async def async_queue_events(
+        self, on_open: Callable[[], None] | None = None
+    ) -> AsyncIterator[ServerEvent]:
+        """Follow the server's queue health as it changes: ``queue`` events, each the body
+        ``/v1/queue`` answers, the first at once (servers whose /health features name
+        ``queue_events``)."""
+        async for event in self._async_follow(
+            QUEUE_EVENTS_PATH, "queue stream", {}, on_open
+        ):
+            yield event
+
+    async def _async_follow(
+        self,
+        path: str,
+        what: str,
+        headers: dict[str, str],
+        on_open: Callable[[], None] | None,
+    ) -> AsyncIterator[ServerEvent]:
+        headers = {**self._headers(), "Accept": "text/event-stream", **headers}
         try:
             async with self._session.get(
-                self.url + "/v1/events",
+                self.url + path,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=REQUEST_TIMEOUT, sock_read=EVENTS_READ_TIMEOUT
@@ -314,4 +335,4 @@ class HearthClient:
                 async for event in iter_sse(response):
                     yield event
         except (aiohttp.ClientError, TimeoutError) as err:
-            raise CannotConnect(f"event stream: {err or type(err).__name__}") from err
+            raise CannotConnect(f"{what}: {err or type(err).__name__}") from err

@@ -61,7 +61,11 @@ CLASS_HEADER: Final = "X-Hearth-Class"
 MAX_TOOL_ITERATIONS: Final = 10
 
 # Polling and timeouts (seconds).
-QUEUE_SCAN_INTERVAL: Final = 10
+# Queue health is pushed over QUEUE_EVENTS_PATH by servers whose /health features name
+# QUEUE_EVENTS_FEATURE; older servers are polled (GET /v1/queue) this often.
+QUEUE_EVENTS_PATH: Final = "/v1/queue/events"
+QUEUE_EVENTS_FEATURE: Final = "queue_events"
+QUEUE_POLL_INTERVAL: Final = 60
 REQUEST_TIMEOUT: Final = 10
 STREAM_READ_TIMEOUT: Final = 300
 # A warm-up is answered once its prompt is computed as background work: it may wait its turn.

@@ -11,6 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .fake_queue_stream import FakeQueueStream
+
 API_KEY = "hearth-test-key"
 
 # The voice model's worker process as /v1/queue reports it (top-level "worker"; each local
@@ -85,6 +87,8 @@ class FakeHearth:
         self.queue: dict[str, Any] = json.loads(json.dumps(SAMPLE_QUEUE))
         # /v1/queue answers this status instead of 200 (a server gone away answers 500 here).
         self.queue_status: int | None = None
+        self.queue_requests = 0  # GET /v1/queue answered (polls and refreshes)
+        self.queue_stream = FakeQueueStream(self)  # offered when features name it
         # The /v1/cache/warm bodies received; warm_status: answer that error instead (404: an
         # older server without warm-ups).
         self.warm_requests: list[dict[str, Any]] = []
@@ -137,6 +141,7 @@ class FakeHearth:
         app.router.add_get("/v1/jobs/{job_id}", self._get_job)
         app.router.add_delete("/v1/jobs/{job_id}", self._cancel_job)
         app.router.add_get("/v1/events", self._events)
+        app.router.add_get("/v1/queue/events", self.queue_stream.handle)
         self._runner = web.AppRunner(app, shutdown_timeout=1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -154,6 +159,7 @@ class FakeHearth:
         """Stop serving (ending the open event streams first)."""
         for _ in range(self.event_subscribers):
             self.events.put_nowait(None)
+        self.queue_stream.end()
         await asyncio.sleep(0)
         if self._runner is not None:
             await self._runner.cleanup()
@@ -211,6 +217,7 @@ class FakeHearth:
             return self._unauthorized()
         if self.queue_status is not None:
             return self._error(self.queue_status)
+        self.queue_requests += 1
         return web.json_response(self.queue)
 
     @staticmethod

@@ -32,7 +32,7 @@ def test_manifest() -> None:
     assert manifest["config_flow"] is True
     assert manifest["dependencies"] == ["conversation", "ai_task"]
     assert manifest["after_dependencies"] == ["assist_pipeline", "intent", "hassio"]
-    assert manifest["iot_class"] == "local_polling"  # the sensors poll /v1/queue
+    assert manifest["iot_class"] == "local_push"  # the server pushes queue health
     assert manifest["categories"] == ["ai_voice.ai_models"]
     assert manifest["connectivity"] == ["network"]
     assert manifest["integration_type"] == "service"
