@@ -30,7 +30,7 @@ async def async_setup_entry(
 
 
 class HearthReachableSensor(HearthServerEntity, BinarySensorEntity):
-    """On while the last queue poll succeeded; never unavailable itself."""
+    """On while the server answers its queue stream or poll; never unavailable itself."""
 
     _attr_device_class = BinarySensorDeviceClass.CONNECTIVITY
     _attr_entity_category = EntityCategory.DIAGNOSTIC
@@ -47,5 +47,5 @@ class HearthReachableSensor(HearthServerEntity, BinarySensorEntity):
 
     @property
     def is_on(self) -> bool:
-        """Return whether the server answered the last poll."""
+        """Return whether the server answered the last queue update."""
         return self.coordinator.last_update_success

@@ -134,6 +134,8 @@ class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
                 LOGGER.debug("Skipping a queue event that is not JSON: %s", event.data)
                 continue
             if isinstance(data, dict):
+                if not self.last_update_success:  # as a refresh that succeeds again logs
+                    self.logger.info("Fetching %s data recovered", self.name)
                 self._async_read(data)
                 self.async_set_updated_data(data)
 

@@ -198,7 +198,7 @@ class HearthBaseLLMEntity(Entity):
 
     @property
     def available(self) -> bool:
-        """Unavailable while the server does not answer its queue poll."""
+        """Unavailable while the server does not answer (its queue stream or poll)."""
         return self.entry.runtime_data.coordinator.last_update_success
 
     async def async_added_to_hass(self) -> None:

@@ -75,11 +75,15 @@ async def test_sensors_follow_pushes_without_polling(
 
 
 async def test_dropped_stream_checks_the_server_and_reconnects(
-    hass: HomeAssistant, fake_hearth: FakeHearth, monkeypatch: pytest.MonkeyPatch
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """When the stream drops, one GET /v1/queue says whether the server is there: a server
-    gone reads as unreachable with its sensors unavailable; once it answers again the
-    coordinator reconnects and the sensors show the document it pushes first."""
+    gone reads as unreachable with its sensors unavailable (logged once); once it answers
+    again the coordinator reconnects, the sensors show the document it pushes first, and the
+    recovery is logged once."""
     monkeypatch.setattr(coordinator_module, "EVENTS_BACKOFF_MIN", 0.05)
     monkeypatch.setattr(coordinator_module, "EVENTS_BACKOFF_MAX", 0.2)
     fake_hearth.features = [FEATURE]
@@ -103,6 +107,8 @@ async def test_dropped_stream_checks_the_server_and_reconnects(
     await async_wait_for(lambda: _state(hass, waiting) == "7", within=5)
     assert _state(hass, reachable) == STATE_ON
     assert stream.connections >= 2
+    assert caplog.text.count("Error fetching hearth queue data") == 1
+    assert caplog.text.count("Fetching hearth queue data recovered") == 1
 
 
 async def test_refused_key_on_the_stream_starts_reauth(
