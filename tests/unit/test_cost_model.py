@@ -45,8 +45,9 @@ def test_a_long_prompt_beside_streams_is_not_held_to_minimum_chunks():
     fits the stretched bound instead, and that bound holds."""
     core, _ = make_core("hearth")
     trained(core.cost)
-    budget = core.prefill_budget(4, 1.0, decode_attended=800, start=0, interactive=True)
+    budget = core.batcher.prefill_budget(4, 1.0, decode_attended=800, start=0, interactive=True)
     assert budget >= 64
     assert core.cost.predict(4 + budget, 800 + attention(budget, 0)) <= 8 * 0.06
     # A background summary keeps to the minimum chunk: the streams' cadence comes first.
-    assert core.prefill_budget(4, 1.0, decode_attended=800, start=0) == core.cfg.min_prefill_chunk
+    assert (core.batcher.prefill_budget(4, 1.0, decode_attended=800, start=0)
+            == core.cfg.min_prefill_chunk)

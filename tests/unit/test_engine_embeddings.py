@@ -51,11 +51,11 @@ def test_embedding_timings_do_not_move_the_generation_cost_model():
     context leaves it where it was (it once jumped tenfold) and has its own model."""
     b = CostlyEmbeddings()
     core, _ = make_core("hearth", backend=b)
-    before = (core.cost.view(), core.prefill_budget(4))
+    before = (core.cost.view(), core.batcher.prefill_budget(4))
     emb, emb_events = embedding_request(100)
     core.submit(emb)
     run_until(core, lambda: any(e.kind == "done" for e in emb_events))
-    assert (core.cost.view(), core.prefill_budget(4)) == before
+    assert (core.cost.view(), core.batcher.prefill_budget(4)) == before
     assert core.embed_cost.predict(20) > 5 * core.cost.predict(20)  # the size it went in
 
 

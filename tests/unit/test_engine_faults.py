@@ -65,7 +65,7 @@ def test_prefill_never_overflows_the_batch():
         core.submit(r)
         streams.append((r, sink))
     run_until(core, lambda: all(r.first_token_at is not None for r, _ in streams))
-    assert core.prefill_budget(15) == 1 and core.prefill_budget(16) == 0
+    assert core.batcher.prefill_budget(15) == 1 and core.batcher.prefill_budget(16) == 0
     late, late_sink = request(b, "chat", 64, 2, seed=99)
     core.submit(late)
     run_until(core, lambda: late_sink.done is not None)

@@ -151,7 +151,7 @@ class ArrivalWhilePacking(SimBackend):
 
     def seq_state_set(self, seq, data):
         self.restores += 1
-        if self.arrival is not None and self.arrival.id not in self.core._by_id and not any(
+        if self.arrival is not None and self.arrival.id not in self.core.outbox.by_id and not any(
                 x is self.arrival for _, x in self.core._inbox):
             self.core.submit(self.arrival)
         return super().seq_state_set(seq, data)

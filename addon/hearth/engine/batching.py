@@ -1,29 +1,46 @@
-"""Batch composition (part of :class:`~hearth.engine.core.EngineCore`): one decode token for
-every running stream, then prefill chunks under a token budget sized by the cost model so the
-iteration stays within the latency target."""
+"""Batch composition, a part of the engine: one decode token for every running stream, then
+prefill chunks under a token budget sized by the cost model (which it owns: the generation
+decodes' measured cost) so the iteration stays within the latency target. It reads the running
+requests it is given and asks the policy who shares an iteration; it changes nothing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..scheduler import INTERACTIVE_RANK
-from .base import VOICE_PREFILL_STRETCH, BatchItem
-from .cost import attention
-
-if TYPE_CHECKING:
-    from .core import EngineCore
+from ..requests import Request
+from ..scheduler import INTERACTIVE_RANK, Policy
+from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig
+from .cost import CostModel, attention
 
 
-class Batching:
-    def prefill_budget(self: EngineCore, n_decode: int, stretch: float = 1.0,
-                       decode_attended: int = 0, start: int = 0,
-                       interactive: bool = False) -> int:
+class BatchComposer:
+    def __init__(self, backend: Backend, cfg: EngineConfig, policy: Policy):
+        self.b = backend
+        self.cfg = cfg
+        self.policy = policy
+        self.cost = CostModel()
+
+    def calibrate(self, token: int, rounds: int = 2) -> None:
+        """Seed the cost model (and warm the kernels) with a few decodes of known size before
+        serving, so the first iterations already respect the latency target."""
+        # One size per bucket the engine meets often: decodes of a few streams (every token
+        # with its logits), minimum and middle chunks, one and two micro-batches.
+        sizes = [1, 4, 16, 64, self.b.n_ubatch, min(self.b.n_batch, 2 * self.b.n_ubatch)]
+        for n in sizes * rounds:
+            t0 = self.b.now()
+            outs = [True] * n if n < 8 else [False] * (n - 1) + [True]
+            status = self.b.decode([token] * n, list(range(n)), [0] * n, outs)
+            dt = self.b.now() - t0
+            self.b.seq_rm(0)
+            if status == 0:
+                self.cost.observe(n, dt, attention(n, 0))
+
+    def prefill_budget(self, n_decode: int, stretch: float = 1.0, decode_attended: int = 0,
+                       start: int = 0, interactive: bool = False, bounded: bool = True) -> int:
         """Prefill tokens, from position ``start`` of their sequence, that fit beside
         ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
-        of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it)."""
+        of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it);
+        the batch's room when the policy does not keep iterations to the bound (``bounded``)."""
         cap = max(0, self.b.n_batch - n_decode)
-        if not self.policy.bounded(self.cfg.relax_prefill_bound, self.waiting.best_rank(),
-                                   self.running):
+        if not bounded:
             return cap
         target = self.cfg.latency_target_s
 
@@ -42,17 +59,15 @@ class Batching:
                     within(VOICE_PREFILL_STRETCH * target) if interactive else 0)
         return min(cap, n)  # never past the batch's room, which would fail the decode
 
-    def _build_batch(self: EngineCore, now: float) -> list[BatchItem]:
-        if self._suspects:
-            alone = self._suspect_batch()
-            if alone:
-                return alone
+    def compose(self, running: list[Request], now: float, bounded: bool) -> list[BatchItem]:
+        """The next batch of ``running``: a decode token each for those past their prompt
+        (highest class first), then prefill chunks in the policy's order and plan."""
         items: list[BatchItem] = []
-        decoding = [r for r in self.running if r.remaining == 1]
+        decoding = [r for r in running if r.remaining == 1]
         for r in self.policy.decode_order(decoding):
             items.append(BatchItem(r, r.n_past, 1, True))
         prefilling, large = self.policy.prefill_plan(
-            self.policy.order([r for r in self.running if r.remaining > 1], now))
+            self.policy.order([r for r in running if r.remaining > 1], now))
         if not prefilling:  # a decode-only iteration: no budget to search for
             return items
         if large and not items:  # no stream to hold up: the whole batch
@@ -62,7 +77,7 @@ class Batching:
             budget = self.prefill_budget(
                 len(items), VOICE_PREFILL_STRETCH if large else 1.0,
                 sum(attention(1, r.n_past) for r in decoding), head.n_past,
-                head.rank <= INTERACTIVE_RANK)
+                head.rank <= INTERACTIVE_RANK, bounded)
         for r in prefilling:
             if budget <= 0:
                 break
@@ -71,15 +86,10 @@ class Batching:
             budget -= n
         return items
 
-    def _suspect_batch(self: EngineCore) -> list[BatchItem]:
-        """After a failed decode, its sequences go one at a time until each has decoded once
-        (:meth:`~hearth.engine.recovery.Recovery._decode_failed`): the next suspect's step."""
-        self._suspects = [r for r in self._suspects if r in self.running]
-        if not self._suspects:
-            return []
-        r = self._suspects[0]
+    def alone(self, r: Request, bounded: bool) -> list[BatchItem]:
+        """``r``'s next step with nothing beside it (a suspect after a failed decode)."""
         if r.remaining == 1:
             return [BatchItem(r, r.n_past, 1, True)]
         n = min(r.remaining, max(1, self.prefill_budget(
-            0, start=r.n_past, interactive=r.rank <= INTERACTIVE_RANK)))
+            0, start=r.n_past, interactive=r.rank <= INTERACTIVE_RANK, bounded=bounded)))
         return [BatchItem(r, r.n_past, n, n == r.remaining)]

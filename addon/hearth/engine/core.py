@@ -17,11 +17,12 @@ from ..scheduler import INTERACTIVE_RANK, Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admission
 from .base import Backend, BatchItem, EngineConfig, RequestError
-from .batching import Batching
+from .batching import BatchComposer
 from .compaction import Compaction
 from .cost import CostModel, attention
 from .embeddings import Embedder
 from .kv import KVSpace
+from .outbox import Outbox
 from .persistence import Persistence
 from .recovery import Recovery
 from .view import View
@@ -29,14 +30,13 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
+class EngineCore(Admission, Compaction, Persistence, Recovery, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
         self.cfg = cfg or EngineConfig()
         self.policy = Policy(policy_cfg)
         self.stats = stats or Stats()
-        self.cost = CostModel()
         self.waiting = WaitQueue()  # in admission order by class and member (policy.queue)
         # The KV cache's accounting and memory calls; it spares the prefixes the next waiting
         # requests want, looked up once per decode.
@@ -46,10 +46,9 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         self.lock = threading.RLock()  # guards the inbox, queue counts and snapshots
         self.wakeup = threading.Event()
         self._inbox: deque[tuple[str, Any]] = deque()
-        self._by_id: dict[int, Request] = {}
         self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
         self._suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
-        self._events: dict[int, list[Event]] = {}
+        self.outbox = Outbox()  # events for the sinks, delivered after each iteration
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
         self.arbiter: Any = None  # set when other engines share the accelerator
@@ -57,7 +56,8 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         # preemption, freed cells) or aging may have moved a class: not every iteration.
         self._admit_dirty = True
         self._admit_next = 0.0
-        self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self._emit,
+        self.batcher = BatchComposer(backend, self.cfg, self.policy)
+        self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self.outbox.emit,
                                  self._fail)
         self._publish()
 
@@ -65,6 +65,15 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
     def pool(self) -> KVPool:
         """The KV pool's accounting (owned by :attr:`kv`)."""
         return self.kv.pool
+
+    @property
+    def cost(self) -> CostModel:
+        """The generation decodes' cost model (owned by :attr:`batcher`)."""
+        return self.batcher.cost
+
+    @cost.setter
+    def cost(self, cost: CostModel) -> None:  # a new worker keeps what was measured
+        self.batcher.cost = cost
 
     @property
     def embed_waiting(self) -> list[Request]:
@@ -135,19 +144,7 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
             self.b.request_abort()
 
     def calibrate(self, token: int, rounds: int = 2) -> None:
-        """Seed the cost model (and warm the kernels) with a few decodes of known size before
-        serving, so the first iterations already respect the latency target."""
-        # One size per bucket the engine meets often: decodes of a few streams (every token
-        # with its logits), minimum and middle chunks, one and two micro-batches.
-        sizes = [1, 4, 16, 64, self.b.n_ubatch, min(self.b.n_batch, 2 * self.b.n_ubatch)]
-        for n in sizes * rounds:
-            t0 = self.b.now()
-            outs = [True] * n if n < 8 else [False] * (n - 1) + [True]
-            status = self.b.decode([token] * n, list(range(n)), [0] * n, outs)
-            dt = self.b.now() - t0
-            self.b.seq_rm(0)
-            if status == 0:
-                self.cost.observe(n, dt, attention(n, 0))
+        self.batcher.calibrate(token, rounds)
 
     def fail_all(self, message: str) -> None:
         """The engine cannot go on: every queued and running request gets an error now, and
@@ -193,7 +190,7 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         embed = self.embedder.should_run(items, self.waiting.best_rank(), bool(self.waiting),
                                          now)
         if not items and not embed:
-            self._flush_events()
+            self.outbox.flush()
             return False  # nothing to compute: the thread naps until woken
         spent = 0.0
         if items:  # running streams always get their token: embeddings never take its place
@@ -204,31 +201,22 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         if embed:
             self.embedder.run(self.b.now(), streaming=bool(items), spent=spent,
                               bounded=self._bounded())
-        self._flush_events()
+        self.outbox.flush()
         return True
+
+    def _build_batch(self, now: float) -> list[BatchItem]:
+        """After a failed decode, its sequences go one at a time until each has decoded once
+        (:meth:`~hearth.engine.recovery.Recovery._decode_failed`); else the composer's batch."""
+        self._suspects = [r for r in self._suspects if r in self.running]
+        if self._suspects:
+            return self.batcher.alone(self._suspects[0], self._bounded())
+        return self.batcher.compose(self.running, now, self._bounded())
 
     def _bounded(self) -> bool:
         """Whether prefill and embeddings keep to the latency target now (the policy's
         answer, from who waits and runs)."""
         return self.policy.bounded(self.cfg.relax_prefill_bound, self.waiting.best_rank(),
                                    self.running)
-
-    def _emit(self, r: Request, ev: Event) -> None:
-        self._events.setdefault(r.id, []).append(ev)
-
-    def _flush_events(self) -> None:
-        if not self._events:
-            return
-        events, self._events = self._events, {}
-        for rid, evs in events.items():
-            r = self._by_id.get(rid)
-            if r is not None:
-                if any(e.kind in ("done", "error") for e in evs):
-                    self._by_id.pop(rid, None)
-                try:
-                    r.sink(evs)
-                except Exception:  # a broken consumer must not stop the engine
-                    log.exception("event sink of request %s failed", rid)
 
     def _drain_inbox(self, now: float) -> None:
         with self.lock:
@@ -239,7 +227,7 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         for kind, x in items:
             if kind == "add":
                 r: Request = x
-                self._by_id[r.id] = r
+                self.outbox.track(r)
                 self.policy.user_arrived(r.user, now)
                 if r.kind == "embed":
                     self.embedder.add(r)
@@ -249,7 +237,7 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
                     r.decoder = self.b.make_decoder()
                     self.waiting.append(r)
             else:
-                r = self._by_id.get(x)
+                r = self.outbox.by_id.get(x)
                 if r is not None and not r.finished:
                     r.cancelled = True
                     self._finish(r, "cancelled", now)
@@ -342,7 +330,7 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         r.tokens.append(tok)
         thought, text = r.split(r.decoder.feed(self.b.piece(tok)))  # type: ignore[union-attr]
         text, stopped = r.stopper.feed(text)  # type: ignore[union-attr]
-        self._emit(r, Event("token", text=text, reasoning=thought, token_ids=[tok]))
+        self.outbox.emit(r, Event("token", text=text, reasoning=thought, token_ids=[tok]))
         if stopped:
             self._finish(r, "stop", now, flush=False)
         elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
@@ -376,10 +364,10 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
             text, _ = r.stopper.feed(tail) if r.stopper else (tail, False)
             text += r.stopper.flush() if r.stopper else ""
             if text or thought:
-                self._emit(r, Event("token", text=text, reasoning=thought))
+                self.outbox.emit(r, Event("token", text=text, reasoning=thought))
         self._retire(r)
         self.stats.record_finished(r, now)
-        self._emit(r, Event("done", finish_reason=reason, usage=r.usage(), timing=r.timing()))
+        self.outbox.emit(r, Event("done", finish_reason=reason, usage=r.usage(), timing=r.timing()))
 
     def _fail(self, r: Request, message: str, now: float, status: int = 500) -> None:
         if r.finished:
@@ -389,7 +377,7 @@ class EngineCore(Admission, Batching, Compaction, Persistence, Recovery, View):
         r.finished_at = now
         self._retire(r)
         self.stats.record_finished(r, now)
-        self._emit(r, Event("error", message=message, status=status))
+        self.outbox.emit(r, Event("error", message=message, status=status))
 
     def _retire(self, r: Request) -> None:
         self._admit_dirty = True  # a slot, cells or a class's share may have come free

@@ -28,7 +28,7 @@ class Recovery:
         """llama_decode failed part-way (a kernel, an allocation): the micro-batches it
         finished stay in the KV cache, counted nowhere. Clear them, so the accounting stays the
         cache's, and let the batch's sequences decode alone, one at a time, until each has once
-        (:meth:`~hearth.engine.batching.Batching._suspect_batch`): a transient failure costs
+        (:meth:`~hearth.engine.core.EngineCore._build_batch`): a transient failure costs
         no stream, and the one that fails alone is the one answered with the error."""
         log.warning("llama_decode failed with status %d for a batch of %d sequences", status,
                     len(items))
@@ -55,7 +55,7 @@ class Recovery:
         for, else all it was computing."""
         with self.lock:
             self._inflight = None
-        self._flush_events()  # tokens sampled before the death reach their streams first
+        self.outbox.flush()  # tokens sampled before the death reach their streams first
         admitting, self._admitting = self._admitting, None
         begun = [r for r in self.waiting if r.first_admitted_at is not None]
         embedding = self.embedder.computing
@@ -76,7 +76,7 @@ class Recovery:
             self.embedder.remove(r)
             r.finished, r.finish_reason, r.finished_at = True, "error", now
             r.seq_id, r.sampler = None, None
-            self._by_id.pop(r.id, None)
+            self.outbox.forget(r)
             self.policy.user_left(r.user)
             self.stats.record_finished(r, now)
         self.running = []

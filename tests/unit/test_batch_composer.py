@@ -1,0 +1,105 @@
+"""Batch composition alone (no engine): what one iteration holds for a given set of running
+requests, and the outbox that delivers an iteration's events."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sim_backend import SimBackend, request
+
+from hearth.engine.base import EngineConfig
+from hearth.engine.batching import BatchComposer
+from hearth.engine.cost import attention
+from hearth.engine.outbox import Outbox
+from hearth.requests import Event
+from hearth.scheduler import Policy, PolicyConfig
+
+TARGET = 0.06
+
+
+def composer(mode: str = "hearth") -> tuple[BatchComposer, SimBackend]:
+    b = SimBackend()
+    c = BatchComposer(b, EngineConfig(latency_target_s=TARGET), Policy(PolicyConfig(mode=mode)))
+    c.cost.seed(b.base, b.per_token)
+    return c, b
+
+
+def running(b, cls, prompt, done, seed):
+    r, _ = request(b, cls, prompt, 10, seed=seed)
+    r.tokens, r.arrival, r.admitted_at, r.n_past = list(r.prompt), float(seed), 0.0, done
+    return r
+
+
+jobs = st.lists(st.tuples(st.sampled_from(["voice", "chat", "agent", "background"]),
+                          st.integers(2, 900), st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs)
+def test_every_stream_gets_its_token_and_the_batch_keeps_to_the_bound(spec):
+    c, b = composer()
+    reqs = [running(b, cls, n, n - 1 if decoding else 0, i)
+            for i, (cls, n, decoding) in enumerate(spec)]
+    items = c.compose(reqs, 0.0, bounded=True)
+    decoding = [r for r in reqs if r.remaining == 1]
+    # Every stream's token first, highest class first; each request at most once.
+    assert [it.req for it in items[:len(decoding)]] == sorted(
+        decoding, key=lambda r: (r.rank, r.arrival))
+    assert all(it.n == 1 and it.output for it in items[:len(decoding)])
+    assert len({id(it.req) for it in items}) == len(items)
+    prefill = items[len(decoding):]
+    assert sum(it.n for it in items) <= b.n_batch
+    for it in prefill:
+        assert it.start == it.req.n_past and 0 < it.n <= it.req.remaining
+        assert it.output == (it.n == it.req.remaining)
+    waiting_prompts = [r for r in reqs if r.remaining > 1]
+    if not waiting_prompts:
+        assert not prefill
+        return
+    best = min(r.rank for r in waiting_prompts)
+    assert prefill and min(it.req.rank for it in prefill) == best  # the best class goes
+    if best <= 1:  # an interactive prompt shares its iteration with no lower class's prefill
+        assert all(it.req.rank <= 1 for it in prefill)
+    if best > 1 and decoding:  # beside streams, work no one waits for keeps to the target
+        tokens = sum(it.n for it in prefill)
+        attended = sum(attention(1, r.n_past) for r in decoding)
+        assert (tokens <= c.cfg.min_prefill_chunk
+                or c.cost.predict(len(decoding) + tokens, attended) <= TARGET * 1.05)
+
+
+def test_voice_prefill_with_no_stream_takes_the_whole_batch_and_unbounded_takes_the_room():
+    c, b = composer()
+    voice = running(b, "voice", 2000, 0, 1)
+    assert [(it.req, it.n) for it in c.compose([voice], 0.0, True)] == [(voice, b.n_batch)]
+    stream = running(b, "chat", 50, 49, 2)
+    summary = running(b, "background", 2000, 0, 3)
+    bounded = c.compose([stream, summary], 0.0, True)
+    free = c.compose([stream, summary], 0.0, False)
+    assert bounded[1].n < free[1].n == b.n_batch - 1
+
+
+def test_a_suspect_goes_alone():
+    c, b = composer()
+    streaming, prompt = running(b, "chat", 50, 49, 1), running(b, "chat", 300, 0, 2)
+    (one,) = c.alone(streaming, True)
+    assert (one.req, one.n, one.output) == (streaming, 1, True)
+    (chunk,) = c.alone(prompt, True)
+    assert chunk.req is prompt and 1 <= chunk.n < 300 and not chunk.output
+
+
+def test_the_outbox_delivers_an_iterations_events_at_once_and_forgets_the_answered():
+    b = SimBackend()
+    box = Outbox()
+    (a, sa), (c, sc) = request(b, "chat", 5, 2, seed=1), request(b, "voice", 5, 2, seed=2)
+    box.track(a)
+    box.track(c)
+    box.emit(a, Event("token", text="x"))
+    box.emit(c, Event("token", text="y"))
+    box.emit(a, Event("done", finish_reason="stop"))
+    assert sa.events == [] and sc.events == []  # nothing before the flush
+    box.flush()
+    assert [e.kind for e in sa.events] == ["token", "done"] and len(sc.events) == 1
+    assert set(box.by_id) == {c.id}
+    box.emit(a, Event("token", text="late"))  # for a request answered already: dropped
+    box.flush()
+    assert len(sa.events) == 2
