@@ -15,14 +15,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .policy.classes import BACKGROUND_RANK as BACKGROUND_RANK
+from .policy.classes import CHAT_RANK, INTERACTIVE_RANK, RANK_NAMES, VOICE_RANK
+from .policy.classes import CLASS_RANKS as CLASS_RANKS
+from .policy.classes import class_rank as class_rank
+from .policy.iteration import IterationRules
 from .policy.queue import Pass, WaitQueue
-
-CLASS_RANKS: dict[str, int] = {"voice": 0, "chat": 1, "agent": 2, "background": 3, "embedding": 4}
-RANK_NAMES = {v: k for k, v in CLASS_RANKS.items()}
-CHAT_RANK = CLASS_RANKS["chat"]
-VOICE_RANK = CLASS_RANKS["voice"]
-INTERACTIVE_RANK = CHAT_RANK  # voice and chat: someone is waiting for the answer
-BACKGROUND_RANK = CLASS_RANKS["background"]
 
 # VTC weights (Sheng et al., "Fairness in Serving Large Language Models"): output tokens cost
 # about twice what prompt tokens cost to serve.
@@ -36,22 +34,6 @@ MAX_OVERTAKES = 8
 
 def _users(waiting: Iterable[Schedulable]) -> set[str]:
     return waiting.users() if isinstance(waiting, WaitQueue) else {w.user for w in waiting}
-
-
-def class_rank(name_or_rank: str | int) -> int:
-    """A class name or an integer rank → rank. Raises ValueError for unknown values."""
-    if isinstance(name_or_rank, bool):
-        raise ValueError(f"unknown class {name_or_rank!r}")
-    if isinstance(name_or_rank, int):
-        if name_or_rank in RANK_NAMES:
-            return name_or_rank
-        raise ValueError(f"priority must be 0..{max(RANK_NAMES)}, got {name_or_rank}")
-    key = str(name_or_rank).strip().lower()
-    if key in CLASS_RANKS:
-        return CLASS_RANKS[key]
-    if key.isdigit():
-        return class_rank(int(key))
-    raise ValueError(f"unknown class {name_or_rank!r}; expected one of {', '.join(CLASS_RANKS)}")
 
 
 class Schedulable(Protocol):
@@ -85,7 +67,9 @@ class PolicyConfig:
             raise ValueError(f"policy must be one of {MODES}, got {self.mode!r}")
 
 
-class Policy:
+class Policy(IterationRules):
+    """The class rules with the state they need: the members' counters, who is active."""
+
     def __init__(self, cfg: PolicyConfig):
         self.cfg = cfg
         self.vtc: dict[str, float] = {}  # each as of self._vtc_at[user] (decayed lazily)
@@ -179,52 +163,6 @@ class Policy:
             in_flight[x.user] = in_flight.get(x.user, 0) + 1
         counters: dict[str, float] = {}
         return Pass(waiting, lambda r: self.key(r, now, in_flight, counters))
-
-    def decode_order(self, running: Iterable[Schedulable]) -> list[Schedulable]:
-        """Decode tokens go first in the batch, highest class first (they land in the first
-        micro-batch, so a cut decode loses the least)."""
-        if self.cfg.mode == "hearth":
-            return sorted(running, key=lambda r: (r.rank, r.arrival, r.id))
-        return sorted(running, key=lambda r: (r.arrival, r.id))
-
-    def prefill_plan(self, prefilling: list[Schedulable]) -> tuple[list[Schedulable], bool]:
-        """Which of the prefilling requests (in :meth:`order`) share this iteration, and
-        whether they go in large chunks. In hearth mode an interactive prompt does not share
-        its iteration with lower-class prefill, so its first token comes as fast as if the
-        machine were idle; voice goes alone and in large chunks: fewer iterations to its
-        first token."""
-        if not prefilling or self.cfg.mode != "hearth":
-            return prefilling, False
-        best = min(r.rank for r in prefilling)
-        if best == VOICE_RANK:
-            return [r for r in prefilling if r.rank == VOICE_RANK], True
-        if best <= INTERACTIVE_RANK:
-            return [r for r in prefilling if r.rank <= INTERACTIVE_RANK], False
-        return prefilling, False
-
-    # -- what an iteration may spend -------------------------------------------------------
-    def bounded(self, relax: bool, best_waiting: int, running: Iterable[Schedulable]) -> bool:
-        """Whether prefill and embedding iterations keep to the latency target: always, but
-        in serial mode, or with the relaxed bound (``relax``) while no interactive request
-        waits or runs (``best_waiting``: the best class waiting)."""
-        if self.cfg.mode == "serial":
-            return False
-        return not relax or best_waiting <= INTERACTIVE_RANK or any(
-            r.rank <= INTERACTIVE_RANK for r in running)
-
-    def cuts_decode(self, rank: int, best_prefill: int, prefill_tokens: int,
-                    min_chunk: int) -> bool:
-        """Whether a request of class ``rank`` arriving cuts the decode under way (which
-        prefills ``prefill_tokens`` of class ``best_prefill`` at best): voice cuts a real
-        prefill chunk of lower classes only (cutting costs the unfinished micro-batch)."""
-        return (self.cfg.mode == "hearth" and rank == VOICE_RANK
-                and prefill_tokens >= min_chunk and best_prefill > rank)
-
-    def embeddings_go(self, rank: int, best_other: int) -> bool:
-        """Whether the head embedding request (class ``rank`` after aging) runs this
-        iteration beside generation work whose best class waiting or prefilling is
-        ``best_other``."""
-        return self.cfg.mode != "hearth" or rank <= best_other
 
     # -- admission --------------------------------------------------------------------------
     def slots_for(self, r: Schedulable, spare_ids: int = 0) -> int:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..requests import Request
-from ..scheduler import VOICE_RANK
 from .base import ADMIT_RECHECK_S, BatchItem
 
 log = logging.getLogger("hearth.engine")
@@ -32,13 +31,13 @@ class Admission:
             if blocked is not None and not self.policy.may_overtake(
                     r, blocked, blocked.meta.get("_overtaken", 0), now):
                 break
-            spare = self.kv.spare_ids() if r.rank == VOICE_RANK else 0
+            spare = self.kv.spare_ids() if self.policy.may_use_spare_ids(r.rank) else 0
             full = len(self.running) >= self.policy.slots_for(r, spare)
             if full:
                 if may_displace is None:  # who may still enter, asked once per change
                     may_displace = self.policy.displacer(self.waiting, self.running, now)
                 if not may_displace(r):  # nor may the rest of its group
-                    if self.policy.cfg.mode == "hearth":
+                    if self.policy.skips_held_back():
                         order.skip_group()
                         continue
                     break
@@ -57,7 +56,7 @@ class Admission:
                 victim = (self.policy.priority_victim(r, self.running, now)
                           or self.policy.fairness_victim(r, self.running, self.waiting, now))
                 if victim is None:
-                    if self.policy.cfg.mode == "hearth":
+                    if self.policy.skips_held_back():
                         continue  # a lower class behind it may not preempt either
                     break
             else:
@@ -176,8 +175,8 @@ class Admission:
             if (self.policy.growth_takes_kept(rank, victim, self.running)
                     and self.kv.evict_entry()):
                 continue  # kept prefixes go before voice, or before a preemption for nothing
-            if victim is None and len(self.running) > 1:
-                victim = max(self.running, key=lambda x: (x.admitted_at or 0.0, x.id))
+            if victim is None:
+                victim = self.policy.last_resort_victim(self.running)
             if victim is None:
                 for it in items:
                     if it.n > it.req.reserved:
@@ -204,5 +203,5 @@ class Admission:
         if victim is not None and len(self.running) > 1:
             self._preempt(victim, now, keep_kv=False)  # its cells may be what did not fit
             return
-        newest = max(self.running, key=lambda r: r.arrival)
+        newest = self.policy.exhausted_victim(self.running)
         self._fail(newest, "the KV cache is exhausted", now, status=503)

@@ -62,6 +62,8 @@ class Arbiter:
         """A request of ``rank`` reached ``core``: another engine's running decode that only
         prefills lower classes is cut now (its finished micro-batches are kept), not at its
         end, as one engine cuts its own for a voice request."""
+        if not self.rule.may_cut_others(rank):
+            return  # without looking at the other engines' work
         for other in self._others(core):
             if not self.rule.must_pause(best_rank(other), [rank], 0.0):
                 continue

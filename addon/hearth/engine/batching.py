@@ -6,7 +6,7 @@ requests it is given and asks the policy who shares an iteration; it changes not
 from __future__ import annotations
 
 from ..requests import Request
-from ..scheduler import INTERACTIVE_RANK, Policy
+from ..scheduler import Policy
 from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig
 from .cost import CostModel, attention
 
@@ -77,7 +77,7 @@ class BatchComposer:
             budget = self.prefill_budget(
                 len(items), VOICE_PREFILL_STRETCH if large else 1.0,
                 sum(attention(1, r.n_past) for r in decoding), head.n_past,
-                head.rank <= INTERACTIVE_RANK, bounded)
+                self.policy.waited_for(head.rank), bounded)
         for r in prefilling:
             if budget <= 0:
                 break
@@ -91,5 +91,5 @@ class BatchComposer:
         if r.remaining == 1:
             return [BatchItem(r, r.n_past, 1, True)]
         n = min(r.remaining, max(1, self.prefill_budget(
-            0, start=r.n_past, interactive=r.rank <= INTERACTIVE_RANK, bounded=bounded)))
+            0, start=r.n_past, interactive=self.policy.waited_for(r.rank), bounded=bounded)))
         return [BatchItem(r, r.n_past, n, n == r.remaining)]

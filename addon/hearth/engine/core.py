@@ -13,7 +13,7 @@ from typing import Any
 from ..kvcache import KVPool
 from ..policy.queue import WaitQueue
 from ..requests import Event, Request, StopMatcher
-from ..scheduler import INTERACTIVE_RANK, Policy, PolicyConfig
+from ..scheduler import Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admission
 from .base import Backend, BatchItem, EngineConfig, RequestError
@@ -123,7 +123,7 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
             self._inbox.append(("add", r))
             self._maybe_abort(r)
         self.wakeup.set()
-        if self.arbiter is not None and r.rank <= INTERACTIVE_RANK:
+        if self.arbiter is not None:
             self.arbiter.arrived(self, r.rank)  # outside our lock: it takes the others'
         return r
 

@@ -45,7 +45,7 @@ class Recovery:
                 self._fail(r, f"llama_decode failed with status {status}", now)
             return
         if not self._suspects:
-            self._suspects = sorted(reqs, key=lambda r: (r.rank, r.arrival, r.id))
+            self._suspects = self.policy.retry_order(reqs)
 
     def worker_lost(self: EngineCore, why: WorkerLost) -> tuple[list[Request], list[Request]]:
         """Forget the dead worker's state. Returns the requests it was serving (running,

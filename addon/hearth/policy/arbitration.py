@@ -24,6 +24,11 @@ class Arbitration:
     enabled: bool = True
     max_pause_s: float = 2.0
 
+    def may_cut_others(self, rank: int) -> bool:
+        """Whether a request of class ``rank`` arriving may pause or cut other engines' work
+        (:meth:`must_pause` says which)."""
+        return self.enabled and rank <= INTERACTIVE_RANK
+
     def must_pause(self, own: int, others: Iterable[int], paused_for_s: float) -> bool:
         """Whether an engine whose best work is of rank ``own`` waits, given the best ranks
         of the other engines and how long it has waited so far."""
