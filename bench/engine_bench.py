@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+from engine_host_cost import host_rows, host_table
 
 from hearth.backend import LlamaBackend
 from hearth.engine import Engine, EngineConfig, EngineCore
@@ -305,54 +306,6 @@ class Bench:
                 "max_chat_gap_ms": max(x["max_chat_gap_ms"] for x in rounds)}
 
 
-# -- 5. host cost per iteration against the queue's length (simulated backend) ----------------
-def host_cost(waiting: int, churn: bool, iters: int = 600) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from sim_backend import SimBackend, make_core, request
-
-    b = SimBackend(n_ctx=16384, n_seq_max=16)
-    core, _ = make_core("hearth", n_parallel=8, backend=b, max_queue=1000)
-    systems = [[9000 + 1000 * k + i for i in range(300)] for k in range(6)]
-    classes, seq = ("chat", "agent", "background"), iter(range(10**9))
-
-    def add(cls: str, max_tokens: int) -> None:
-        j = next(seq)
-        r, _ = request(b, cls, 40, max_tokens, user=f"m{j % 4}", seed=j,
-                       prefix=systems[j % 6] if churn or j % 2 else None)
-        core.submit(r)
-
-    for _ in range(8):
-        add("chat", 20 if churn else 10**6)
-    while not churn and (len(core.running) < 8 or not all(r.n_generated for r in core.running)):
-        core.step()
-    for i in range(waiting):
-        add(classes[i % 3], 20)
-    spent = [0.0]
-    def timing(f):
-        def timed(*a):
-            t = time.perf_counter()
-            try:
-                return f(*a)
-            finally:
-                spent[0] += time.perf_counter() - t
-        return timed
-
-    for name in ("decode_sample", "new_sampler", "seq_rm", "seq_cp", "seq_pos_max", "now"):
-        setattr(b, name, timing(getattr(b, name)))
-    host = []
-    for _ in range(iters):
-        while churn and len(core.waiting) + len(core._inbox) < waiting + 8 - len(core.running):
-            add(classes[next(seq) % 3], 20)  # the queue stays as long
-        spent[0] = 0.0
-        t = time.perf_counter()
-        core.step()
-        host.append(1000 * (time.perf_counter() - t - spent[0]))
-    host.sort()
-    return {"waiting": waiting, "churn": churn, "iterations": iters,
-            "median_ms": statistics.median(host), "mean_ms": statistics.mean(host),
-            "p95_ms": host[int(0.95 * iters)], "max_ms": host[-1]}
-
-
 def markdown(res: dict) -> str:
     out: list[str] = []
     if res.get("voice_under_load"):
@@ -382,10 +335,7 @@ def markdown(res: dict) -> str:
                    f"({vb['ttft_ratio_mean']:.2f}×); longest gap between two chat tokens "
                    f"meanwhile {vb['max_chat_gap_ms']:.0f} ms.")
     if h := res.get("host"):
-        out += ["| workload | waiting | median | mean | p95 | max |", "|---|---|---|---|---|---|"]
-        out += [f"| {'churn' if x['churn'] else 'full slots'} | {x['waiting']} | "
-                f"{x['median_ms']:.3f} ms | {x['mean_ms']:.3f} ms | {x['p95_ms']:.3f} ms | "
-                f"{x['max_ms']:.2f} ms |" for x in h]
+        out += host_table(h)
     return "\n".join(out)
 
 
@@ -403,7 +353,7 @@ def main() -> int:
     res: dict = {"when": datetime.now().isoformat(timespec="seconds"), "quick": args.quick}
     if "host" in wanted:
         print("host cost per iteration …", file=sys.stderr)
-        res["host"] = [host_cost(n, churn) for churn in (False, True) for n in (0, 60, 250)]
+        res["host"] = host_rows()
     b = Bench(args.quick) if set(wanted) - {"host"} else None
     if "voice_under_load" in wanted:
         assert b is not None
