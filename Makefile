@@ -63,6 +63,7 @@ e2e: setup-demo
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy --config-file mypy.ini  # --strict over custom_components/hearth
 
 # Server/engine tests run without Home Assistant's pytest plugin (it blocks sockets and checks
 # for lingering threads); the Home Assistant tests run with it.

@@ -183,6 +183,23 @@ class HearthClient:
         except ValueError as err:
             raise ApiError(response.status, "response is not JSON") from err
 
+    async def _request_object(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        auth: bool = True,
+        total_timeout: float = REQUEST_TIMEOUT,
+    ) -> dict[str, Any]:
+        """``_request`` for the endpoints that answer a JSON object."""
+        data = await self._request(
+            method, path, json_body=json_body, auth=auth, total_timeout=total_timeout
+        )
+        if not isinstance(data, dict):
+            raise ApiError(200, f"{method} {path}: the answer is not a JSON object")
+        return data
+
     @staticmethod
     def _raise_for_status(status: int, body: bytes) -> None:
         if status < 400:
@@ -200,7 +217,7 @@ class HearthClient:
 
     async def async_health(self) -> dict[str, Any]:
         """Return /health; raises NotReady while the model loads."""
-        return await self._request("GET", "/health", auth=False)
+        return await self._request_object("GET", "/health", auth=False)
 
     async def async_models(self) -> list[dict[str, Any]]:
         """Return the models the server serves (needs auth)."""
@@ -215,7 +232,7 @@ class HearthClient:
 
     async def async_queue(self) -> dict[str, Any]:
         """Return the queue-health snapshot."""
-        return await self._request("GET", "/v1/queue")
+        return await self._request_object("GET", "/v1/queue")
 
     async def async_warm(self, body: dict[str, Any]) -> dict[str, Any]:
         """Have the server compute and cache a chat prompt without answering it.
@@ -224,7 +241,7 @@ class HearthClient:
         prompt will serve). The server answers once the prompt is computed, as background work;
         leaving earlier would cancel it.
         """
-        return await self._request(
+        return await self._request_object(
             "POST", "/v1/cache/warm", json_body=body, total_timeout=WARM_UP_TIMEOUT
         )
 
@@ -278,15 +295,15 @@ class HearthClient:
             body["class"] = request_class
         if tag is not None:
             body["tag"] = tag
-        return await self._request("POST", "/v1/jobs", json_body=body)
+        return await self._request_object("POST", "/v1/jobs", json_body=body)
 
     async def async_get_job(self, job_id: str) -> dict[str, Any]:
         """Return one job; raises NotFound for an unknown id."""
-        return await self._request("GET", f"/v1/jobs/{job_id}")
+        return await self._request_object("GET", f"/v1/jobs/{job_id}")
 
     async def async_cancel_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a job; returns it (status cancelled unless it had already finished)."""
-        return await self._request("DELETE", f"/v1/jobs/{job_id}")
+        return await self._request_object("DELETE", f"/v1/jobs/{job_id}")
 
     async def async_events(
         self,

@@ -17,14 +17,23 @@ from homeassistant.helpers import llm
 
 from .const import DOMAIN
 
-try:  # Home Assistant >= 2026.9 validates with probatio and no longer ships voluptuous_openapi
+# Home Assistant >= 2026.9 validates with probatio (voluptuous's API, typed) and no longer ships
+# voluptuous_openapi; the integration's schemas are built with whichever the release uses, as
+# ``vol`` (``from .compat import vol``).
+try:
+    import probatio as vol
     from probatio import to_openapi as _to_openapi
 
     _OPENAPI_ARGS: dict[str, Any] = {"openapi_version": "3.1.0"}
 except ImportError:  # pragma: no cover - exercised on the oldest release's test run
-    from voluptuous_openapi import convert as _to_openapi
+    import voluptuous as vol  # type: ignore[no-redef,unused-ignore]
+    from voluptuous_openapi import (  # type: ignore[import-not-found,no-redef,unused-ignore]
+        convert as _to_openapi,
+    )
 
     _OPENAPI_ARGS = {}
+
+__all__ = ["vol"]
 
 
 def schema_to_openapi(
@@ -44,7 +53,7 @@ def tool_result_message(content: Any) -> dict[str, Any]:
     Current releases hand an ``llm.ToolResult`` in ``ToolResultContent.result``; older ones a
     plain JSON object in ``tool_result`` (deprecated since).
     """
-    result = getattr(content, "result", None)
+    result: Any = getattr(content, "result", None)
     if hasattr(result, "data"):
         return {"data": result.data, "error": bool(getattr(result, "error", False))}
     return {"data": content.tool_result, "error": False}
@@ -52,20 +61,33 @@ def tool_result_message(content: Any) -> dict[str, Any]:
 
 # A device's parent is named by its registry id (`via_device_id`) since 2026.10; before, by its
 # identifier (`via_device`, deprecated since). Device info is a TypedDict, a dataclass in 2026.11.
+# The checker sees one release's kind, so both are handled through Any.
+_DEVICE_INFO: Any = dr.DeviceInfo
+
+
 def _accepts_via_device_id() -> bool:
-    if dataclasses.is_dataclass(dr.DeviceInfo):
-        return any(field.name == "via_device_id" for field in dataclasses.fields(dr.DeviceInfo))
-    return "via_device_id" in getattr(dr.DeviceInfo, "__annotations__", {})
+    if dataclasses.is_dataclass(_DEVICE_INFO):
+        return any(field.name == "via_device_id" for field in dataclasses.fields(_DEVICE_INFO))
+    return "via_device_id" in getattr(_DEVICE_INFO, "__annotations__", {})
 
 
 _VIA_DEVICE_ID = _accepts_via_device_id()
 
 
-def device_link(parent_id: str, parent_identifier: tuple[str, str]) -> dict[str, Any]:
-    """The device-info keys that hang a device off its parent device."""
-    if _VIA_DEVICE_ID:
-        return {"via_device_id": parent_id}
-    return {"via_device": parent_identifier}
+def with_parent(
+    info: dr.DeviceInfo, parent_id: str, parent_identifier: tuple[str, str]
+) -> dr.DeviceInfo:
+    """``info`` hung off its parent device, named as the release names a parent."""
+    link: dict[str, Any] = (
+        {"via_device_id": parent_id} if _VIA_DEVICE_ID else {"via_device": parent_identifier}
+    )
+    made: Any = info
+    linked: dr.DeviceInfo = (
+        dataclasses.replace(made, **link)
+        if dataclasses.is_dataclass(_DEVICE_INFO)
+        else _DEVICE_INFO(**made, **link)
+    )
+    return linked
 
 
 def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
@@ -76,7 +98,9 @@ def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[
 
         infos = list(async_get_exposed_entities(hass, assistant, include_state=False).values())
     except ImportError:  # pragma: no cover - exercised on the oldest release's test run
-        from homeassistant.helpers.llm import _get_exposed_entities
+        from homeassistant.helpers.llm import (  # type: ignore[attr-defined,unused-ignore]
+            _get_exposed_entities,
+        )
 
         found = _get_exposed_entities(hass, assistant, include_state=False)
         infos = list(found.get("entities", {}).values())

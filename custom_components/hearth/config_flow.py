@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import voluptuous as vol
 from homeassistant.config_entries import (
     SOURCE_HASSIO,
     ConfigEntry,
     ConfigFlow,
     ConfigFlowResult,
+    ConfigSubentryData,
     ConfigSubentryFlow,
 )
 from homeassistant.const import CONF_API_KEY, CONF_URL
@@ -32,6 +32,7 @@ from .api import (
     normalize_url,
     server_id,
 )
+from .compat import vol
 from .const import (
     DEFAULT_AI_TASK_NAME,
     DEFAULT_CONVERSATION_NAME,
@@ -93,20 +94,20 @@ def _entry_data(url: str, api_key: str | None) -> dict[str, Any]:
     return data
 
 
-def _default_subentries() -> list[dict[str, Any]]:
+def _default_subentries() -> list[ConfigSubentryData]:
     return [
-        {
-            "subentry_type": "conversation",
-            "data": dict(RECOMMENDED_CONVERSATION_OPTIONS),
-            "title": DEFAULT_CONVERSATION_NAME,
-            "unique_id": None,
-        },
-        {
-            "subentry_type": "ai_task_data",
-            "data": dict(RECOMMENDED_AI_TASK_OPTIONS),
-            "title": DEFAULT_AI_TASK_NAME,
-            "unique_id": None,
-        },
+        ConfigSubentryData(
+            subentry_type="conversation",
+            data=dict(RECOMMENDED_CONVERSATION_OPTIONS),
+            title=DEFAULT_CONVERSATION_NAME,
+            unique_id=None,
+        ),
+        ConfigSubentryData(
+            subentry_type="ai_task_data",
+            data=dict(RECOMMENDED_AI_TASK_OPTIONS),
+            title=DEFAULT_AI_TASK_NAME,
+            unique_id=None,
+        ),
     ]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-import voluptuous as vol
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
 from homeassistant.core import HomeAssistant
@@ -17,7 +16,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .compat import device_link, exposed_names, schema_to_openapi
+from .compat import exposed_names, schema_to_openapi, vol, with_parent
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -186,14 +185,17 @@ class HearthBaseLLMEntity(Entity):
         self.subentry = subentry
         self._attr_unique_id = subentry.subentry_id
         health = entry.runtime_data.health
-        self._attr_device_info = dr.DeviceInfo(
-            identifiers={(DOMAIN, subentry.subentry_id)},
-            name=subentry.title,
-            manufacturer="Hearth",
-            model=health.get("model"),
-            sw_version=health.get("version"),
-            entry_type=dr.DeviceEntryType.SERVICE,
-            **device_link(entry.runtime_data.server_device_id, (DOMAIN, entry.entry_id)),
+        self._attr_device_info = with_parent(
+            dr.DeviceInfo(
+                identifiers={(DOMAIN, subentry.subentry_id)},
+                name=subentry.title,
+                manufacturer="Hearth",
+                model=health.get("model"),
+                sw_version=health.get("version"),
+                entry_type=dr.DeviceEntryType.SERVICE,
+            ),
+            entry.runtime_data.server_device_id,
+            (DOMAIN, entry.entry_id),
         )
 
     @property

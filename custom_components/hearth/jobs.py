@@ -132,7 +132,7 @@ class HearthJobWatcher:
         self._pending: dict[str, str | None] = {}
         self._fired: OrderedDict[str, None] = OrderedDict()
         self._started = time.time()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._poll_now = asyncio.Event()
         self._store = pending_store(hass, entry.entry_id)
 
@@ -142,7 +142,7 @@ class HearthJobWatcher:
         return dict(self._pending)
 
     @property
-    def task(self) -> asyncio.Task | None:
+    def task(self) -> asyncio.Task[None] | None:
         """Return the background task following the server."""
         return self._task
 

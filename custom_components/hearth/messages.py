@@ -6,13 +6,12 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
-import voluptuous as vol
 from homeassistant.components import conversation
 from homeassistant.helpers import llm
 from homeassistant.helpers.json import json_dumps
 from homeassistant.util import slugify
 
-from .compat import schema_to_openapi, tool_result_message
+from .compat import schema_to_openapi, tool_result_message, vol
 from .const import LOGGER
 
 
@@ -155,13 +154,11 @@ async def transform_stream(
             call = calls[index]
             if not call["name"]:
                 continue
-            extra = {"id": call["id"]} if call["id"] else {}
+            args = _parse_arguments(call["arguments"])
             tool_calls.append(
-                llm.ToolInput(
-                    tool_name=call["name"],
-                    tool_args=_parse_arguments(call["arguments"]),
-                    **extra,
-                )
+                llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
+                if call["id"]  # else Home Assistant gives the call an id of its own
+                else llm.ToolInput(tool_name=call["name"], tool_args=args)
             )
         if tool_calls:
             yield {"tool_calls": tool_calls}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from homeassistant.components.sensor import (
@@ -322,11 +323,11 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
         )
 
     @property
-    def native_value(self) -> StateType:
+    def native_value(self) -> StateType | datetime:
         """Return the value, or None when the server has no data for it."""
         value = self.entity_description.value_fn(self.coordinator.data or {})
         if self.entity_description.age:
-            return self._since.ago(value)
+            return self._since.ago(value if isinstance(value, int | float) else None)
         return value
 
     @property

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import voluptuous as vol
 from homeassistant.config_entries import ConfigEntryState, ConfigSubentryFlow, SubentryFlowResult
 from homeassistant.const import CONF_LLM_HASS_API, CONF_NAME
 from homeassistant.core import HomeAssistant
@@ -21,6 +20,7 @@ from homeassistant.helpers.selector import (
 )
 from homeassistant.helpers.typing import VolDictType
 
+from .compat import vol
 from .const import (
     CLASS_POLICY_AUTO,
     CONF_CLASS_POLICY,

@@ -245,9 +245,9 @@ class PromptWarmer:
         """Rebuild the warm-up bodies and queue those that changed."""
         force, self._force = self._force, False
         registry = dr.async_get(self.hass)
-        for device_id in [d for d in self.devices if registry.async_get(d) is None]:
-            del self.devices[device_id]  # a device removed from Home Assistant
-            self._wanted.pop(device_id, None)
+        for removed in [d for d in self.devices if registry.async_get(d) is None]:
+            del self.devices[removed]  # a device removed from Home Assistant
+            self._wanted.pop(removed, None)
         for device_id in (None, *reversed(self.devices)):
             try:
                 body = await self._build(device_id)
