@@ -147,7 +147,8 @@ async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 
 def openai_answer(request: web.Request, comp: Any) -> Awaitable[web.StreamResponse]:
-    return serve_completion(request, comp, comp.body.stream, "text/event-stream", _sse)
+    return serve_completion(request, comp, comp.body.stream, "text/event-stream", _sse,
+                            keepalive=b": keepalive\n\n")
 
 
 async def embeddings_handler(request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ class a request is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -214,9 +215,13 @@ async def serve_completion(
     request: web.Request, comp: Any, stream: bool, content_type: str,
     frames: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[bytes]],
     whole: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r,
+    keepalive: bytes | None = None,
 ) -> web.StreamResponse:
     """Submit ``comp`` and write its answer: the whole response, or its chunks as the wire's
-    ``frames``. A client that leaves mid-stream cancels the request and frees its sequence."""
+    ``frames`` (with ``keepalive`` written after every KEEPALIVE_S without one: a long prompt
+    on a slow CPU, or a tool call held until it is whole, sends nothing for minutes, and
+    clients give up on a silent socket). A client that leaves mid-stream cancels the request
+    and frees its sequence."""
     comp.submit()
     try:
         if stream and hasattr(comp, "start"):  # a remote worker: its status before ours
@@ -227,11 +232,43 @@ async def serve_completion(
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
-            async for frame in frames(comp.chunks()):
-                await resp.write(frame)
+            async with contextlib.aclosing(_kept_alive(frames(comp.chunks()), keepalive)) as out:
+                async for frame in out:
+                    await resp.write(frame)
             await resp.write_eof()
         except ConnectionResetError:
             log.debug("client left stream %s", comp.id)  # the finally below cancels it
         return resp
     finally:
         comp.cancel()  # no-op when finished; frees the sequence when the client went away
+
+
+KEEPALIVE_S = 15.0
+
+
+async def _kept_alive(frames: AsyncIterator[bytes], keepalive: bytes | None
+                      ) -> AsyncIterator[bytes]:
+    """``frames``, with ``keepalive`` between two that are KEEPALIVE_S or more apart."""
+    if keepalive is None:
+        async for frame in frames:
+            yield frame
+        return
+    it = aiter(frames)
+    nxt: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(anext(it))
+            done, _ = await asyncio.wait({nxt}, timeout=KEEPALIVE_S)
+            if not done:
+                yield keepalive
+                continue
+            try:
+                frame = nxt.result()
+            except StopAsyncIteration:
+                return
+            nxt = None
+            yield frame
+    finally:
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
