@@ -105,7 +105,8 @@ llama-server: setup
 
 # Hearth against llama-server over HTTP: voice under load, stalls, 8-chat throughput.
 bench-vs: llama-server
-	$(PY) bench/vs_llama_server.py $(ARGS)
+	@$(RESOLVE_MODEL); \
+	  set -x; $(PY) bench/vs_llama_server.py $${model:+--model "$$model"} $(ARGS)
 
 # The household benchmark: the same workload against hearth, fifo, serial and llama-server
 # (ARGS=--quick: ~60 s per mode; ARGS="--url NAME=URL" adds any OpenAI-compatible server).

@@ -9,7 +9,8 @@ up for the whole run; each scenario runs on one while the other idles, in interl
   2. the longest gap running chat streams see while a ~1,500-token chat prompt arrives;
   3. aggregate generated tokens/s of 8 concurrent streaming chats (median of the rounds).
 
-Usage: python bench/vs_llama_server.py [--quick] [--rounds N] [--out bench/results]
+Usage: python bench/vs_llama_server.py [--quick] [--rounds N] [--model PATH]
+       [--out bench/results]   (make bench-vs MODEL=qwen1.5b: a household model)
 """
 
 from __future__ import annotations
@@ -159,16 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4)")
+    ap.add_argument("--model", default="", help="GGUF both servers load (default embedded)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 4)
     n_voice, max_tokens = (4, 64) if args.quick else (8, 128)
-    model = packaged_model()
+    model = Path(args.model) if args.model else packaged_model()
     results: dict[str, dict] = {"hearth": {"rounds": []}, "llama-server": {"rounds": []}}
     with tempfile.TemporaryDirectory(prefix="hearth-vs-") as tmp, \
             HearthServer("--n-ctx", str(POOL["n_ctx"]), "--n-parallel", str(POOL["n_parallel"]),
                          "--n-batch", str(POOL["n_batch"]), "--n-ubatch", str(POOL["n_ubatch"]),
-                         data_dir=Path(tmp)) as hearth, \
+                         "--model", str(model), data_dir=Path(tmp)) as hearth, \
             LlamaServer(model, "-c", str(POOL["n_ctx"]), "-np", str(POOL["n_parallel"]),
                         "-b", str(POOL["n_batch"]), "-ub", str(POOL["n_ubatch"]),
                         "--kv-unified") as llama:
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     h, ls = results["hearth"], results["llama-server"]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     lines = [f"# Hearth against llama-server — {stamp}", "",
-             f"Command: `python bench/vs_llama_server.py{' --quick' if args.quick else ''}`; "
+             f"Command: `python bench/vs_llama_server.py{' --quick' if args.quick else ''}"
+             f"{f' --model {model.name}' if args.model else ''}`; "
              f"{rounds} interleaved rounds, medians shown; model {model.name}; pool "
              f"{POOL['n_ctx']} cells, {POOL['n_parallel']} sequences.", "",
              "| server | voice TTFT idle (ms) | under 3 summaries (ms) | ratio | worst (ms) | "

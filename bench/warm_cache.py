@@ -10,7 +10,8 @@
    voice TTFT p50/p95 for Hearth, Hearth in fifo mode with no kept share (recency and hits
    only) and llama-server.
 
-Usage: python bench/warm_cache.py [--rounds N] [--bursts N] [--out bench/results]
+Usage: python bench/warm_cache.py [--rounds N] [--bursts N] [--model PATH] [--entities N]
+       [--out bench/results]   (--entities 150: a ~3,000-token prompt, a large household's)
 """
 
 from __future__ import annotations
@@ -39,9 +40,17 @@ from hearth.models import packaged_model  # noqa: E402
 POOL = ("-c", "4096", "-np", "4", "-b", "512", "-ub", "128", "--kv-unified")
 HEARTH_POOL = ("--n-ctx", "4096", "--n-parallel", "4", "--n-batch", "512", "--n-ubatch", "128",
                "--prefix-cache-entries", "4")
-SYSTEM = ("You are the voice assistant of a Home Assistant household. Answer in one short "
-          "sentence. Exposed entities:\n"
-          + "\n".join(f"- light.room_{i} ('Room {i} light', area {i % 9}): off" for i in range(55)))
+HEARTH_MODEL: tuple[str, ...] = ()  # --model for the Hearth servers; the embedded one when empty
+
+
+def system_prompt(entities: int) -> str:
+    return ("You are the voice assistant of a Home Assistant household. Answer in one short "
+            "sentence. Exposed entities:\n"
+            + "\n".join(f"- light.room_{i} ('Room {i} light', area {i % 9}): off"
+                        for i in range(entities)))
+
+
+SYSTEM = system_prompt(55)
 
 
 def voice(i: int) -> list[dict]:
@@ -70,7 +79,7 @@ def restart_round(model: Path, k: int) -> dict:
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="hearth-warm-") as tmp:
         data = Path(tmp)
-        first = HearthServer(*HEARTH_POOL, data_dir=data).start()
+        first = HearthServer(*HEARTH_POOL, *HEARTH_MODEL, data_dir=data).start()
         c = Client("hearth", first.url, True)
         out["hearth_cold"] = asyncio.run(ttft(c, 100 * k))
         out["hearth_warm"] = asyncio.run(ttft(c, 100 * k + 1))
@@ -79,7 +88,7 @@ def restart_round(model: Path, k: int) -> dict:
                            first.log())
         out["saved"], out["saved_mb"], out["save_ms"] = (int(saved[-1][0]), float(saved[-1][1]),
                                                          int(saved[-1][2]))
-        second = HearthServer(*HEARTH_POOL, data_dir=data).start()
+        second = HearthServer(*HEARTH_POOL, *HEARTH_MODEL, data_dir=data).start()
         try:
             out["hearth_restored"] = asyncio.run(ttft(Client("hearth", second.url, True),
                                                       100 * k + 2))
@@ -117,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="restart rounds")
     ap.add_argument("--bursts", type=int, default=6, help="floods before a voice turn")
     ap.add_argument("--per-burst", type=int, default=4, help="one-off prompts per flood")
+    ap.add_argument("--model", default="", help="GGUF both servers load (default embedded)")
+    ap.add_argument("--entities", type=int, default=55,
+                    help="exposed entities in the system prompt (55: ~1,200 tokens)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
-    model = packaged_model()
+    global SYSTEM, HEARTH_MODEL
+    SYSTEM = system_prompt(args.entities)
+    model = Path(args.model) if args.model else packaged_model()
+    HEARTH_MODEL = ("--model", str(model)) if args.model else ()
     restarts = []
     for k in range(args.rounds):
         print(f"restart round {k + 1}/{args.rounds}", file=sys.stderr)
@@ -130,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                                              ("--policy", "fifo", "--prefix-cache-kept-share",
                                               "0"))):
             print(f"flood: {name}", file=sys.stderr)
-            with HearthServer(*HEARTH_POOL, *extra, data_dir=Path(tmp) / name) as s:
+            with HearthServer(*HEARTH_POOL, *HEARTH_MODEL, *extra, data_dir=Path(tmp) / name) as s:
                 floods[name] = flood(Client("hearth", s.url, True), args.bursts, args.per_burst)
     print("flood: llama-server", file=sys.stderr)
     with LlamaServer(model, *POOL) as llama:
@@ -141,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(r[key] for r in restarts)
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    cmd = "python bench/warm_cache.py" + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
+    cmd = "python bench/warm_cache.py" + "".join(
+        f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+        if k != "out" and v != ap.get_default(k))
     lines = [f"# Warm voice prompts — {stamp}", "",
              f"Command: `{cmd}`; model {model.name}; a {len(SYSTEM)}-character system prompt "
              "(~1,200 tokens); medians of the rounds.", "",
