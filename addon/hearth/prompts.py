@@ -66,12 +66,6 @@ TOOLS_SYSTEM_PROMPT = (
 )
 
 
-# Qwen2.5's templates show the call format as {{"name": …}} (a literal "{{" inside a Jinja
-# string) and its small models copy the doubled braces into their calls. Shown as meant.
-_QWEN_DOUBLED_CALL = '{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}'
-_QWEN_CALL = '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}'
-
-
 class PromptError(ValueError):
     pass
 
@@ -115,7 +109,7 @@ class ChatFormatter:
     def __init__(self, template: str | None, bos_token: str = "", eos_token: str = "",
                  architecture: str | None = None):
         fallback = fallback_template(architecture)
-        self.source = (template or fallback).replace(_QWEN_DOUBLED_CALL, _QWEN_CALL)
+        self.source = template or fallback
         self.is_fallback = template is None
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise

@@ -85,21 +85,17 @@ def test_native_tool_template_receives_tools():
     assert f.render([{"role": "user", "content": "x"}], tools=TOOLS) == "[HassTurnOn]x"
 
 
-def test_tools_are_listed_as_transformers_lists_them_and_qwen_shows_one_brace():
+def test_tools_are_listed_as_transformers_lists_them():
     """``tojson`` keeps the keys' order and the text as written (Jinja's own sorts keys and
-    escapes ' < > & and non-ASCII); Qwen2.5's literal ``{{"name": …}}`` example, which its
-    small models copy into their calls, is shown with single braces."""
+    escapes ' < > & and non-ASCII)."""
     tools = [{"type": "function", "function": {
         "name": "HassTurnOn", "description": "Turns on a light in the kid's room (Küche)",
         "parameters": {"type": "object", "properties": {}}}}]
-    qwen = ("{% for t in tools %}{{ t | tojson }}{% endfor %}"
-            '{{- "\\n<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": '
-            '<args-json-object>}}\\n</tool_call>" }}')
-    out = ChatFormatter(qwen).render([{"role": "user", "content": "x"}], tools=tools)
-    assert out.startswith('{"type": "function", "function": {"name": "HassTurnOn", '
-                          '"description": "Turns on a light in the kid\'s room (Küche)"'), out
-    assert out.endswith('\n<tool_call>\n{"name": <function-name>, "arguments": '
-                        '<args-json-object>}\n</tool_call>'), out
+    out = ChatFormatter("{% for t in tools %}{{ t | tojson }}{% endfor %}").render(
+        [{"role": "user", "content": "x"}], tools=tools)
+    assert out == ('{"type": "function", "function": {"name": "HassTurnOn", "description": '
+                   '"Turns on a light in the kid\'s room (Küche)", "parameters": {"type": '
+                   '"object", "properties": {}}}}'), out
 
 
 def test_content_parts_and_errors():
