@@ -13,6 +13,7 @@ from typing import Any
 from homeassistant.components.conversation import DOMAIN as CONVERSATION_DOMAIN
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import llm
 
 from .const import DOMAIN
@@ -90,26 +91,48 @@ def with_parent(
     return linked
 
 
-def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
-    """The entity names (with aliases) and area names (with aliases) that the Assist API puts
-    in the prompt for ``assistant``: what a tool call may name."""
+def _exposed_infos(hass: HomeAssistant, assistant: str) -> dict[str, dict[str, Any]]:
+    """What the Assist API puts in the prompt for ``assistant``, by entity id."""
     try:  # Home Assistant >= 2026.3: the Assist API lives in the homeassistant component
         from homeassistant.components.homeassistant.llm import async_get_exposed_entities
 
-        infos = list(async_get_exposed_entities(hass, assistant, include_state=False).values())
+        return dict(async_get_exposed_entities(hass, assistant, include_state=False))
     except ImportError:  # pragma: no cover - exercised on the oldest release's test run
         from homeassistant.helpers.llm import (  # type: ignore[attr-defined,unused-ignore]
             _get_exposed_entities,
         )
 
         found = _get_exposed_entities(hass, assistant, include_state=False)
-        infos = list(found.get("entities", {}).values())
+        return dict(found.get("entities", {}))
+
+
+def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
+    """The entity names (with aliases) and area names (with aliases) that the Assist API puts
+    in the prompt for ``assistant``: what a tool call may name."""
     names: dict[str, None] = {}
     areas: dict[str, None] = {}
-    for info in infos:  # both releases join a field's names with ", " for the prompt
+    for info in _exposed_infos(hass, assistant).values():
+        # both releases join a field's names with ", " for the prompt
         names.update(dict.fromkeys(n for n in info.get("names", "").split(", ") if n))
         areas.update(dict.fromkeys(a for a in info.get("areas", "").split(", ") if a))
     return list(names), list(areas)
+
+
+def exposed_kinds(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
+    """The domains and device classes of the entities exposed to ``assistant``: an intent
+    naming others matches nothing."""
+    registry = er.async_get(hass)
+    domains: dict[str, None] = {}
+    classes: dict[str, None] = {}
+    for entity_id in _exposed_infos(hass, assistant):
+        domains[entity_id.partition(".")[0]] = None
+        entry = registry.async_get(entity_id)
+        state = hass.states.get(entity_id)
+        for device_class in (entry.device_class if entry else None,
+                             state.attributes.get("device_class") if state else None):
+            if isinstance(device_class, str):
+                classes[device_class] = None
+    return list(domains), list(classes)
 
 
 # The agent handling a request is part of the LLM context since 2026.11.

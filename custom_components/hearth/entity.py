@@ -16,7 +16,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .compat import exposed_names, schema_to_openapi, vol, with_parent
+from .compat import exposed_kinds, exposed_names, schema_to_openapi, vol, with_parent
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -106,6 +106,45 @@ def intent_argument_values(
     return values
 
 
+def _only(prop: Any, allowed: list[str]) -> dict[str, Any] | None:
+    """``prop`` (a string or an array of strings) taking only ``allowed`` values, of those it
+    lists itself; None when none is left."""
+    if not isinstance(prop, dict):
+        return None
+    items = prop.get("items") if prop.get("type") == "array" else None
+    values = items if isinstance(items, dict) else prop
+    listed = values.get("enum")
+    keep = [v for v in (listed if isinstance(listed, list) else allowed) if v in allowed]
+    if not keep:
+        return None
+    if values is prop:
+        return {**prop, "enum": keep}
+    return {**prop, "items": {**values, "enum": keep}}
+
+
+def narrow_intent_kinds(
+    hass: HomeAssistant, llm_api: llm.APIInstance, formatted: list[dict[str, Any]]
+) -> None:
+    """Intent tools' ``domain`` and ``device_class`` arguments keep to the exposed entities'
+    (in place): a call naming others matches nothing, and a small model offered every
+    device class lists them all (the 1.5B wrote 30 into "turn on the kitchen light", which
+    then matched nothing). An argument with no value left goes."""
+    domains, classes = exposed_kinds(hass, llm_api.llm_context.assistant or "conversation")
+    for tool, described in zip(llm_api.tools, formatted, strict=True):
+        base = getattr(tool, "tool", tool)
+        if not isinstance(base, llm.IntentTool):
+            continue
+        params = described["function"]["parameters"]
+        props = params.get("properties") or {}
+        for arg, allowed in (("domain", domains), ("device_class", classes)):
+            if arg not in props:
+                continue
+            if (narrowed := _only(props[arg], allowed)) is not None:
+                props[arg] = narrowed
+            elif arg not in params.get("required", ()):
+                del props[arg]
+
+
 def shared_argument_sets(
     values: dict[str, dict[str, list[str]]],
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
@@ -138,6 +177,7 @@ def tool_fields(
     tools = [_format_tool(tool, llm_api.custom_serializer) for tool in llm_api.tools]
     if not tools:
         return {}
+    narrow_intent_kinds(hass, llm_api, tools)
     fields: dict[str, Any] = {"tools": tools, "tool_choice": "auto"}
     if argument_values := intent_argument_values(hass, llm_api, tools):
         if "tool_argument_sets" in features:

@@ -186,6 +186,50 @@ async def test_tool_arguments_are_held_to_exposed_names(
         assert "Garage heater" not in tool_values.get("name", [])
 
 
+def _turn_on_params(body: dict[str, Any]) -> dict[str, Any]:
+    name = turn_on_tool(body)
+    return next(t["function"]["parameters"] for t in body["tools"]
+                if t["function"]["name"] == name)
+
+
+async def test_intent_domains_and_device_classes_keep_to_the_exposed_entities(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+) -> None:
+    """HassTurnOn offers every domain's device classes; the tool sent keeps to those of the
+    exposed entities (none: the argument goes), so a small model cannot list thirty of
+    them into a call that then matches nothing."""
+    context = Context(user_id=hass_admin_user.id)
+    agent = entity_of(hass, fake_entry, "conversation")
+    await conversation.async_converse(hass, "Turn on the kitchen light", None, context,
+                                      agent_id=agent)
+    params = _turn_on_params(fake_hearth.chat_requests[-1][1])
+    assert "device_class" not in params["properties"]  # the light (an input_boolean) has none
+    domain = params["properties"]["domain"]
+    assert (domain.get("items") or domain)["enum"] == ["input_boolean"]
+
+    outlet = er.async_get(hass).async_get_or_create("switch", "test", "kettle",
+                                                    suggested_object_id="kettle")
+    hass.states.async_set(outlet.entity_id, STATE_OFF,
+                          {"friendly_name": "Kettle", "device_class": "outlet"})
+    async_expose_entity(hass, "conversation", outlet.entity_id, True)
+    hidden = er.async_get(hass).async_get_or_create("cover", "test", "blind",
+                                                    suggested_object_id="blind")
+    hass.states.async_set(hidden.entity_id, "closed",
+                          {"friendly_name": "Blind", "device_class": "blind"})
+    async_expose_entity(hass, "conversation", hidden.entity_id, False)
+    await conversation.async_converse(hass, "Turn on the kettle", None, context,
+                                      agent_id=agent)
+    params = _turn_on_params(fake_hearth.chat_requests[-1][1])
+    device_class = params["properties"]["device_class"]
+    assert (device_class.get("items") or device_class)["enum"] == ["outlet"]
+    domain = params["properties"]["domain"]
+    assert sorted((domain.get("items") or domain)["enum"]) == ["input_boolean", "switch"]
+
+
 async def test_exposed_names_go_once_to_a_server_that_takes_sets(
     hass: HomeAssistant,
     fake_hearth: FakeHearth,
