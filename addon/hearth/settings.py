@@ -154,7 +154,8 @@ class Settings(BaseModel):
         "(arrival order, same batching) or serial (one sequence at a time)")
     latency_target_ms: float = _opt(
         60.0, "target duration of one engine iteration: bounds how long a newly arrived voice "
-        "request waits behind running work", gt=0)
+        "request waits behind running work (at least two single decodes of the model served, "
+        "as measured: /v1/queue cost_model.latency_target_ms)", gt=0)
     relax_prefill_bound: bool = _opt(
         False, "let prefill use the whole batch while no interactive request runs or waits "
         "(more background throughput; a voice arrival then cuts the running decode)")

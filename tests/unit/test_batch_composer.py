@@ -103,3 +103,19 @@ def test_the_outbox_delivers_an_iterations_events_at_once_and_forgets_the_answer
     box.emit(a, Event("token", text="late"))  # for a request answered already: dropped
     box.flush()
     assert len(sa.events) == 2
+
+
+def test_a_model_whose_decode_costs_more_than_half_the_target_gets_two_decodes():
+    """A 1.5B model on a slow CPU decodes a token in ~120 ms against a 60 ms target: the
+    iteration's target becomes two measured decodes, so a background prompt beside a stream
+    goes in chunks costing about what the decode does, not in minimum chunks forever. A
+    model fast enough keeps the configured target."""
+    c, b = composer()
+    assert c.target() == TARGET
+    cheap = c.prefill_budget(n_decode=1)
+    c.cost.seed(0.12, b.per_token)  # one decode: ~122 ms
+    assert c.target() == 2 * c.cost.predict(1) > TARGET
+    slow = c.prefill_budget(n_decode=1)
+    assert slow > c.cfg.min_prefill_chunk
+    assert c.cost.predict(1 + slow) <= c.target() < c.cost.predict(2 + slow)
+    assert cheap > 0

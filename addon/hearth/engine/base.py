@@ -15,6 +15,11 @@ from ..requests import Request, SamplingParams
 # 4 streaming chats: stretch 4 → 280 ms gaps, voice TTFT +35 %; 8 → 631 ms, +15 %; unbounded
 # → 2,049 ms, +2 % (bench/engine_bench.py --only voice_beside_streams).
 VOICE_PREFILL_STRETCH = 8
+# An iteration may always last this many single decodes of the model served: a latency target
+# below one decode (60 ms against a 1.5B model's 116 ms a token on a slow 2-core CPU) would hold
+# every prompt beside a stream to the minimum chunk. At two, a prefill chunk costs about what
+# the streams' decode does: their cadence at most halves and prompts keep moving.
+DECODES_PER_TARGET = 2
 # How often admission runs with nothing changed, so that aging (which moves classes with time)
 # is still seen: well below the aging periods (20 s and up).
 ADMIT_RECHECK_S = 0.25

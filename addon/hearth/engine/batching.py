@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..requests import Request
 from ..scheduler import Policy
-from .base import VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig
+from .base import DECODES_PER_TARGET, VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig
 from .cost import CostModel, attention
 
 
@@ -33,6 +33,12 @@ class BatchComposer:
             if status == 0:
                 self.cost.observe(n, dt, attention(n, 0))
 
+    def target(self) -> float:
+        """The latency target an iteration keeps to: the configured one, or
+        DECODES_PER_TARGET measured single decodes where one decode costs more than its half
+        (a large model on a slow CPU)."""
+        return max(self.cfg.latency_target_s, DECODES_PER_TARGET * self.cost.predict(1))
+
     def prefill_budget(self, n_decode: int, stretch: float = 1.0, decode_attended: int = 0,
                        start: int = 0, interactive: bool = False, bounded: bool = True) -> int:
         """Prefill tokens, from position ``start`` of their sequence, that fit beside
@@ -42,7 +48,7 @@ class BatchComposer:
         cap = max(0, self.b.n_batch - n_decode)
         if not bounded:
             return cap
-        target = self.cfg.latency_target_s
+        target = self.target()
 
         def within(seconds: float) -> int:
             return self.cost.tokens_within(seconds, beside=n_decode,

@@ -58,7 +58,7 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
         self._admit_next = 0.0
         self.batcher = BatchComposer(backend, self.cfg, self.policy)
         self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self.outbox.emit,
-                                 self._fail)
+                                 self._fail, self.batcher.target)
         self._publish()
 
     @property

@@ -26,9 +26,12 @@ class Embedder:
 
     def __init__(self, backend: Backend, cfg: EngineConfig, policy: Policy, stats: Stats,
                  emit: Callable[[Request, Event], None],
-                 fail: Callable[[Request, str, float], None]):
+                 fail: Callable[[Request, str, float], None],
+                 target: Callable[[], float] | None = None):
         self.b = backend
         self.cfg = cfg
+        # The generation's latency target (the composer's, which may exceed the configured one)
+        self.target = target or (lambda: cfg.latency_target_s)
         self.policy = policy
         self.stats = stats
         self._emit = emit
@@ -81,7 +84,7 @@ class Embedder:
         tok_limit, _ = self.b.embed_limits()
         if not bounded:
             return tok_limit
-        room = self.cfg.latency_target_s - (spent if streaming else 0.0)
+        room = self.target() - (spent if streaming else 0.0)
         floor = 1 if streaming else self.cfg.min_prefill_chunk
         return max(floor, min(tok_limit, self.cost.tokens_within(room)))
 

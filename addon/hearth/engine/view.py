@@ -49,6 +49,7 @@ class View:
                    "use": round(used / pool.n_ctx, 4)},
             "prefix_cache": {**prefix, "store": self.store.stats() if self.store else None},
             "cost_model": {"decode_ms": round(1000 * self.cost.predict(1), 3),
+                           "latency_target_ms": round(1000 * self.batcher.target(), 1),
                            "full_batch_ms": round(1000 * self.cost.predict(self.b.n_batch), 1),
                            "by_batch_size": self.cost.view()},
             "vtc": {u: round(self.policy.counter(u, self.b.now()), 1) for u in self.policy.vtc},
