@@ -88,6 +88,22 @@ def test_a_lazy_call_grammar_holds_a_call_once_opened_and_nothing_else(model):
     s.close()
 
 
+def _copied_free_and_held(model, free, lazy, opening: str, closing: str) -> str:
+    """Shown a call of a heater that does not exist, opened with ``opening``: the model left
+    alone copies it; held, it names an allowed light, and the answer parses as a call."""
+    example = opening + '"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}' + closing
+    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
+              "Command: Turn on the garage heater.\nCall:"
+    copied = _greedy(model, command, free)
+    assert copied.lstrip().startswith(opening) and "Garage heater" in copied, copied
+    held = _greedy(model, command, lazy)
+    _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
+    assert calls, held
+    assert json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
+                                                                      "Porch light"}
+    return example
+
+
 def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
     """The lazy grammar's second opening: a ```json block whose object begins with "name" is
     held to the call's schema (an allowed name only), and the whole of it parses as a call; a
@@ -98,16 +114,7 @@ def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
     other = 'Data: ```json\n{"city": "Paris", "people": 3}\n```\nData: ```json\n{"city":'
     assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
 
-    example = '```json\n{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}\n```'
-    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
-              "Command: Turn on the garage heater.\nCall:"
-    copied = _greedy(model, command, free)
-    assert copied.lstrip().startswith("```json") and "Garage heater" in copied, copied
-    held = _greedy(model, command, lazy)
-    _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
-    assert calls, held
-    assert json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
-                                                                      "Porch light"}
+    _copied_free_and_held(model, free, lazy, "```json\n{", "\n```")
 
     # Replayed whole (a grammar refusing a token aborts inside llama.cpp): every opening.
     for text in ('Sure.\n```json\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": '
@@ -128,15 +135,6 @@ def test_a_call_in_doubled_braces_is_held_from_its_opening(model):
     answer stay free."""
     grammar = lazy_call_grammar(CALL_JSON)
     free, lazy = samplers(model, grammar)
-    example = '{{"name": "HassTurnOn", "arguments": {"name": "Garage heater"}}}'
-    command = f"Command: Turn on the garage heater.\nCall: {example}\n" \
-              "Command: Turn on the garage heater.\nCall:"
-    copied = _greedy(model, command, free)
-    assert copied.lstrip().startswith("{{") and "Garage heater" in copied, copied
-    held = _greedy(model, command, lazy)
-    _, calls = parse_tool_calls(held.strip(), {"HassTurnOn"})
-    assert calls, held
-    assert json.loads(calls[0]["function"]["arguments"])["name"] in {"Kitchen light",
-                                                                      "Porch light"}
+    example = _copied_free_and_held(model, free, lazy, "{{", "}")
     later = f"Example: {example}\nExample:"
     assert _greedy(model, later, lazy, n=20) == _greedy(model, later, free, n=20)

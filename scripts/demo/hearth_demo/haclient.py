@@ -21,6 +21,10 @@ class HAError(RuntimeError):
     """Home Assistant answered something the demo did not expect."""
 
 
+class _Expired(Exception):
+    """The access token expired: refresh it and ask again."""
+
+
 class HomeAssistantClient:
     """REST + websocket access to one Home Assistant, logged in as one user."""
 
@@ -29,6 +33,7 @@ class HomeAssistantClient:
         self.client_id = self.url + "/"
         self.session = session
         self.access_token: str | None = None
+        self.refresh_token: str | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._ids = itertools.count(1)
         self._ws_lock = asyncio.Lock()
@@ -40,11 +45,25 @@ class HomeAssistantClient:
 
     async def request(self, method: str, path: str, *, json: Any = None, data: Any = None,
                       timeout_s: float = CALL_TIMEOUT, ok: tuple[int, ...] = (200, 201)) -> Any:
+        try:
+            return await self._request(method, path, json, data, timeout_s, ok)
+        except _Expired:
+            # An access token lives 30 minutes; a benchmark on a household model runs longer.
+            token = await self._request("POST", "/auth/token", None, {
+                "grant_type": "refresh_token", "refresh_token": self.refresh_token,
+                "client_id": self.client_id}, CALL_TIMEOUT, (200,))
+            self.access_token = token["access_token"]
+            return await self._request(method, path, json, data, timeout_s, ok)
+
+    async def _request(self, method: str, path: str, json: Any, data: Any, timeout_s: float,
+                       ok: tuple[int, ...]) -> Any:
         async with self.session.request(
             method, self.url + path, json=json, data=data, headers=self._headers(),
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             body = await resp.read()
+            if resp.status == 401 and self.refresh_token and path != "/auth/token":
+                raise _Expired
             if resp.status not in ok:
                 raise HAError(f"{method} {path} -> {resp.status}: {body[:500]!r}")
             if not body:
@@ -127,6 +146,7 @@ class HomeAssistantClient:
             "grant_type": "authorization_code", "code": code, "client_id": self.client_id,
         })
         self.access_token = token["access_token"]
+        self.refresh_token = token.get("refresh_token")
 
     # -- websocket ----------------------------------------------------------------------------
 
