@@ -159,8 +159,9 @@ async def test_setup_warms_the_prompt_a_voice_turn_then_finds(
     (usage,) = usage_spy
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     # Computed: the user's words and the turn markers. Cached: the system prompt and the tools
-    # (SmolLM2's template does not take tools: the server lists them in the system message).
-    assert cached > 1000, usage
+    # (SmolLM2's template does not take tools: the server lists them in the system message;
+    # 900-odd tokens on 2026.2 since the intent tools keep to the exposed domains).
+    assert cached > 600, usage
     assert usage["prompt_tokens"] - cached <= 12, usage
 
     await entry.runtime_data.coordinator.async_refresh()
