@@ -270,5 +270,8 @@ async def _kept_alive(frames: AsyncIterator[bytes], keepalive: bytes | None
             nxt = None
             yield frame
     finally:
-        if nxt is not None and not nxt.done():
-            nxt.cancel()
+        if nxt is not None:  # the client left, or the handler was cancelled, while it read
+            if nxt.done():
+                nxt.cancelled() or nxt.exception()  # retrieved: the stream's end is no error
+            else:
+                nxt.cancel()
