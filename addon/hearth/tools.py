@@ -27,6 +27,7 @@ from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+RESPONSE_OPEN = "<tool_response>"
 FENCE = "```"
 _FENCE_OPEN = re.compile(r"```[A-Za-z]*[ \t]*\n?")  # ```json, ```JSON, ``` …
 
@@ -86,6 +87,8 @@ def parse_tool_calls(text: str, names: set[str] | None = None
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG):]
     if body.startswith("{"):
+        # Small models go on to make up the tool's answer after their call: it is not theirs.
+        body = body.split(RESPONSE_OPEN, 1)[0].rstrip()
         objs = _undoubled(body) if body.startswith("{{") else _json_objects(body)
         if objs:
             calls = [_as_call(o, names) for o in objs]

@@ -48,6 +48,10 @@ def test_a_call_in_doubled_braces_is_a_call_as_qwen_writes_it():
     for text in ("{" + inner + "}", "{" + inner, " {" + inner + "}}\n"):
         assert _calls(parse_tool_calls(text, NAMES)[1]) == [("HassTurnOn",
                                                              {"name": "Kitchen light"})], text
+    # A call then the tool's answer made up (Qwen2.5-Coder 0.5B and 1.5B): the call counts.
+    text = json.dumps({"name": "HassTurnOn", "arguments": json.dumps({"name": "Porch"})}) \
+        + '\n<tool_response>\n{"success": true}\n</tool_response>'
+    assert _calls(parse_tool_calls(text, NAMES)[1]) == [("HassTurnOn", {"name": "Porch"})]
     aliased = {"function": "HassTurnOff", "arguments": {}}
     assert _calls(parse_tool_calls(json.dumps(aliased), NAMES)[1]) == [("HassTurnOff", {})]
     # Not calls: a doubled-brace object naming no tool, text after it, a "function" naming
