@@ -24,8 +24,10 @@ from .api.http import (
     FLEET,
     GUARD,
     JOBS,
+    KEEPALIVE_S,
     MAX_BODY,
     METRICS,
+    SSE_KEEPALIVE,
     VOICE_SHARES,
     ApiError,
     class_header,
@@ -49,7 +51,6 @@ from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_S = 15.0
 SERVER_ID = web.AppKey("server_id", str)
 FEATURES = ("tool_argument_sets", queue_stream.FEATURE)
 
@@ -148,7 +149,7 @@ async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 def openai_answer(request: web.Request, comp: Any) -> Awaitable[web.StreamResponse]:
     return serve_completion(request, comp, comp.body.stream, "text/event-stream", _sse,
-                            keepalive=b": keepalive\n\n")
+                            keepalive=SSE_KEEPALIVE)
 
 
 async def embeddings_handler(request: web.Request) -> web.Response:
@@ -245,7 +246,7 @@ async def events(request: web.Request) -> web.StreamResponse:
                 try:
                     await asyncio.wait_for(runner.changed.wait(), KEEPALIVE_S)
                 except TimeoutError:
-                    await resp.write(b": keepalive\n\n")
+                    await resp.write(SSE_KEEPALIVE)
     except ConnectionResetError:
         pass  # the client left mid-write
     return resp

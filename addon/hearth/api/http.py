@@ -34,6 +34,10 @@ CLASS_USED = "hearth.class"  # the class a request ran in, for its X-Hearth-Clas
 MAX_BODY = 8 * 1024 * 1024
 BIG_BODY = 256 * 1024
 OPEN_PATHS = {"/health", "/"}
+# Every SSE stream (answers, jobs, queue health) comments after this long without an event:
+# clients give up on a silent socket.
+KEEPALIVE_S = 15.0
+SSE_KEEPALIVE = b": keepalive\n\n"
 OLLAMA_PREFIX = "/api/"
 
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -241,9 +245,6 @@ async def serve_completion(
         return resp
     finally:
         comp.cancel()  # no-op when finished; frees the sequence when the client went away
-
-
-KEEPALIVE_S = 15.0
 
 
 async def _kept_alive(frames: AsyncIterator[bytes], keepalive: bytes | None

@@ -26,14 +26,13 @@ from typing import Any
 
 from aiohttp import web
 
-from .http import CLOSING, FLEET, JOBS, ready
+from .http import CLOSING, FLEET, JOBS, KEEPALIVE_S, SSE_KEEPALIVE, ready
 
 log = logging.getLogger(__name__)
 
 QUEUE_EVENTS_PATH = "/v1/queue/events"
 FEATURE = "queue_events"  # named in /health's features by a server that has the route
 TICK_S = 1.0  # how often the feed samples the body: the most events a second
-KEEPALIVE_S = 15.0
 
 
 async def queue_body(app: web.Application) -> dict[str, Any]:
@@ -134,7 +133,7 @@ async def queue_events(request: web.Request) -> web.StreamResponse:
                     await asyncio.wait_for(
                         feed.changed.wait_for(partial(feed.past, seen)), KEEPALIVE_S)
                 except TimeoutError:
-                    await resp.write(b": keepalive\n\n")
+                    await resp.write(SSE_KEEPALIVE)
                     continue
             if feed.closed or closing.is_set():
                 break
