@@ -91,8 +91,9 @@ def with_parent(
     return linked
 
 
-def _exposed_infos(hass: HomeAssistant, assistant: str) -> dict[str, dict[str, Any]]:
-    """What the Assist API puts in the prompt for ``assistant``, by entity id."""
+def exposed_entities(hass: HomeAssistant, assistant: str) -> dict[str, dict[str, Any]]:
+    """What the Assist API puts in the prompt for ``assistant``, by entity id (read once a
+    turn: :func:`exposed_names` and :func:`exposed_kinds` take it)."""
     try:  # Home Assistant >= 2026.3: the Assist API lives in the homeassistant component
         from homeassistant.components.homeassistant.llm import async_get_exposed_entities
 
@@ -106,25 +107,27 @@ def _exposed_infos(hass: HomeAssistant, assistant: str) -> dict[str, dict[str, A
         return dict(found.get("entities", {}))
 
 
-def exposed_names(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
-    """The entity names (with aliases) and area names (with aliases) that the Assist API puts
-    in the prompt for ``assistant``: what a tool call may name."""
+def exposed_names(exposed: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The entity names (with aliases) and area names (with aliases) of the ``exposed``
+    entities, as the prompt lists them: what a tool call may name."""
     names: dict[str, None] = {}
     areas: dict[str, None] = {}
-    for info in _exposed_infos(hass, assistant).values():
+    for info in exposed.values():
         # both releases join a field's names with ", " for the prompt
         names.update(dict.fromkeys(n for n in info.get("names", "").split(", ") if n))
         areas.update(dict.fromkeys(a for a in info.get("areas", "").split(", ") if a))
     return list(names), list(areas)
 
 
-def exposed_kinds(hass: HomeAssistant, assistant: str) -> tuple[list[str], list[str]]:
-    """The domains and device classes of the entities exposed to ``assistant``: an intent
-    naming others matches nothing."""
+def exposed_kinds(
+    hass: HomeAssistant, exposed: dict[str, dict[str, Any]]
+) -> tuple[list[str], list[str]]:
+    """The domains and device classes of the ``exposed`` entities: an intent naming others
+    matches nothing."""
     registry = er.async_get(hass)
     domains: dict[str, None] = {}
     classes: dict[str, None] = {}
-    for entity_id in _exposed_infos(hass, assistant):
+    for entity_id in exposed:
         domains[entity_id.partition(".")[0]] = None
         entry = registry.async_get(entity_id)
         state = hass.states.get(entity_id)

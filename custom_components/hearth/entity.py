@@ -16,7 +16,14 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .compat import exposed_kinds, exposed_names, schema_to_openapi, vol, with_parent
+from .compat import (
+    exposed_entities,
+    exposed_kinds,
+    exposed_names,
+    schema_to_openapi,
+    vol,
+    with_parent,
+)
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -87,12 +94,14 @@ def _format_tool(
 
 
 def intent_argument_values(
-    hass: HomeAssistant, llm_api: llm.APIInstance, formatted: list[dict[str, Any]]
+    llm_api: llm.APIInstance,
+    formatted: list[dict[str, Any]],
+    exposed: dict[str, dict[str, Any]],
 ) -> dict[str, dict[str, list[str]]]:
     """For each intent tool, the values its ``name`` and ``area`` arguments may take: the
     exposed entity and area names. The server holds a call the model opens to them, so a small
     model cannot name a light that does not exist (it may still answer without a call)."""
-    names, areas = exposed_names(hass, llm_api.llm_context.assistant or "conversation")
+    names, areas = exposed_names(exposed)
     values: dict[str, dict[str, list[str]]] = {}
     for tool, described in zip(llm_api.tools, formatted, strict=True):
         base = getattr(tool, "tool", tool)  # a namespaced tool wraps the original
@@ -123,13 +132,16 @@ def _only(prop: Any, allowed: list[str]) -> dict[str, Any] | None:
 
 
 def narrow_intent_kinds(
-    hass: HomeAssistant, llm_api: llm.APIInstance, formatted: list[dict[str, Any]]
+    hass: HomeAssistant,
+    llm_api: llm.APIInstance,
+    formatted: list[dict[str, Any]],
+    exposed: dict[str, dict[str, Any]],
 ) -> None:
     """Intent tools' ``domain`` and ``device_class`` arguments keep to the exposed entities'
     (in place): a call naming others matches nothing, and a small model offered every
     device class lists them all (the 1.5B wrote 30 into "turn on the kitchen light", which
     then matched nothing). An argument with no value left goes."""
-    domains, classes = exposed_kinds(hass, llm_api.llm_context.assistant or "conversation")
+    domains, classes = exposed_kinds(hass, exposed)
     for tool, described in zip(llm_api.tools, formatted, strict=True):
         base = getattr(tool, "tool", tool)
         if not isinstance(base, llm.IntentTool):
@@ -177,9 +189,10 @@ def tool_fields(
     tools = [_format_tool(tool, llm_api.custom_serializer) for tool in llm_api.tools]
     if not tools:
         return {}
-    narrow_intent_kinds(hass, llm_api, tools)
+    exposed = exposed_entities(hass, llm_api.llm_context.assistant or "conversation")
+    narrow_intent_kinds(hass, llm_api, tools, exposed)
     fields: dict[str, Any] = {"tools": tools, "tool_choice": "auto"}
-    if argument_values := intent_argument_values(hass, llm_api, tools):
+    if argument_values := intent_argument_values(llm_api, tools, exposed):
         if "tool_argument_sets" in features:
             shared, sets = shared_argument_sets(argument_values)
             fields.update(tool_argument_values=shared, tool_argument_sets=sets)
