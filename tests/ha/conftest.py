@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 import pytest_socket  # noqa: E402
 from hearth_server import HearthServer  # noqa: E402
 from homeassistant.const import CONF_API_KEY, CONF_LLM_HASS_API, CONF_URL  # noqa: E402
-from homeassistant.core import Context, HomeAssistant  # noqa: E402
+from homeassistant.core import Context, Event, HomeAssistant  # noqa: E402
 from homeassistant.helpers import chat_session  # noqa: E402
 from homeassistant.helpers import entity_registry as er  # noqa: E402
 from homeassistant.setup import async_setup_component  # noqa: E402
@@ -189,6 +189,16 @@ async def async_setup_hearth(
     assert await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()
     return entry
+
+
+def state_changes(hass: HomeAssistant, entity_id: str) -> list[Event]:
+    """The state_changed events of ``entity_id`` from now on."""
+    events: list[Event] = []
+    hass.bus.async_listen(
+        "state_changed",
+        lambda event: events.append(event) if event.data["entity_id"] == entity_id else None,
+    )
+    return events
 
 
 def entity_of(hass: HomeAssistant, entry: MockConfigEntry, domain: str) -> str:

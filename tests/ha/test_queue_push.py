@@ -11,7 +11,7 @@ import pytest
 from hearth_server import HearthServer
 from homeassistant.config_entries import SOURCE_REAUTH
 from homeassistant.const import STATE_OFF, STATE_ON, STATE_UNAVAILABLE
-from homeassistant.core import Event, HomeAssistant
+from homeassistant.core import HomeAssistant
 from homeassistant.util import dt as dt_util
 from pytest_homeassistant_custom_component.common import async_fire_time_changed
 
@@ -25,20 +25,11 @@ from .conftest import (
     async_setup_hearth,
     async_wait_for,
     sensor_of,
+    state_changes,
 )
 from .fake_queue_stream import FEATURE
 
 pytestmark = [pytest.mark.ha, pytest.mark.usefixtures("socket_enabled")]
-
-
-def _changes(hass: HomeAssistant, entity_id: str) -> list[Event]:
-    """The state_changed events of ``entity_id`` from now on."""
-    events: list[Event] = []
-    hass.bus.async_listen(
-        "state_changed",
-        lambda event: events.append(event) if event.data["entity_id"] == entity_id else None,
-    )
-    return events
 
 
 def _state(hass: HomeAssistant, entity_id: str) -> str:
@@ -62,7 +53,7 @@ async def test_sensors_follow_pushes_without_polling(
     polls = fake_hearth.queue_requests  # the first refresh at set-up
     waiting = sensor_of(hass, entry, "sensor", "waiting_voice")
     assert _state(hass, waiting) == "1"
-    changes = _changes(hass, waiting)
+    changes = state_changes(hass, waiting)
 
     stream.push()  # the same document again
     fake_hearth.queue["waiting"]["voice"] = 4

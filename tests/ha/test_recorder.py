@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from freezegun.api import FrozenDateTimeFactory
 from homeassistant.const import STATE_UNKNOWN
-from homeassistant.core import Event, HomeAssistant
+from homeassistant.core import HomeAssistant
 from homeassistant.util import dt as dt_util
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from .conftest import FakeHearth, async_setup_hearth, sensor_of
+from .conftest import FakeHearth, async_setup_hearth, sensor_of, state_changes
 
 pytestmark = [pytest.mark.ha, pytest.mark.usefixtures("socket_enabled")]
 
@@ -33,16 +33,6 @@ async def _poll(hass: HomeAssistant, entry: MockConfigEntry) -> None:
 
 def _seconds_from_now(moment: str) -> float:
     return (dt_util.parse_datetime(moment) - dt_util.utcnow()).total_seconds()
-
-
-def _changes(hass: HomeAssistant, entity_id: str) -> list[Event]:
-    """The state_changed events of ``entity_id`` from now on."""
-    events: list[Event] = []
-    hass.bus.async_listen(
-        "state_changed",
-        lambda event: events.append(event) if event.data["entity_id"] == entity_id else None,
-    )
-    return events
 
 
 async def test_jobs_failed_is_a_measurement(
@@ -74,7 +64,7 @@ async def test_ages_do_not_write_a_state_each_poll(
     expires_at = hass.states.get(model).attributes["expires_at"]
     assert _seconds_from_now(expires_at) == pytest.approx(300, abs=1)
     assert "expires_in_s" not in hass.states.get(model).attributes
-    oldest_changes, model_changes = _changes(hass, oldest), _changes(hass, model)
+    oldest_changes, model_changes = state_changes(hass, oldest), state_changes(hass, model)
 
     for poll in range(1, 4):  # 10 s apart; the server's ages jitter by a few tenths
         freezer.tick(10)
