@@ -26,9 +26,9 @@ from .schema_limits import (
     check_tools,
 )
 from .tools import (
-    LAZY_CALL_TRIGGER,
     ToolStream,
     lazy_call_grammar,
+    lazy_call_trigger,
     tool_call_schema,
     with_argument_values,
     wrap_grammar,
@@ -218,7 +218,7 @@ class Completion:
         except ValueError as e:
             log.info("tool calls left unconstrained: %s", e)
             return None
-        self.trigger = LAZY_CALL_TRIGGER
+        self.trigger = lazy_call_trigger({t.get("function", t)["name"] for t in tools})
         return lazy_call_grammar(body)
 
     def _schema_grammar(self, schema: dict, field: str = "tools") -> str:

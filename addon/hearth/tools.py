@@ -257,11 +257,13 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 
 # Under tool_choice "auto" the model chooses freely whether to call; from the moment it opens
 # a call the call's grammar holds, so the call parses and its arguments keep to the tool's
-# schema (an enum of exposed names, say). Three openings: Hermes' tag; a fenced JSON block
+# schema (an enum of exposed names, say). Four openings: Hermes' tag; a fenced JSON block
 # whose object begins with "name" (how small instruct models such as Qwen2.5-Coder often
-# write a call), a fence holding other JSON staying free; and an answer opening with
-# ``{{"name"`` (Qwen2.5's template shows its call so), which no JSON answer does. Bare JSON is
-# not held: an answer may be JSON.
+# write a call), a fence holding other JSON staying free; an answer opening with
+# ``{{"name"`` (Qwen2.5's template shows its call so), which no JSON answer does; and an
+# answer opening with bare JSON that names one of the request's tools (``{"name":
+# "HassTurnOn"``, :func:`lazy_call_trigger`), which the answer parsed as a call anyway, so
+# unheld it could name a light that does not exist. Other JSON answers stay free.
 # A plain pattern: llama.cpp then feeds the grammar from the match. A pattern with a leading
 # [\s\S]*? group is searched over the whole output at every token (seconds per token after a
 # few hundred tokens).
@@ -276,6 +278,20 @@ _PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
 _GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z0-9_-]+')
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def lazy_call_trigger(names: set[str]) -> str:
+    """:data:`LAZY_CALL_TRIGGER` and an answer opening as a bare JSON call of one of
+    ``names`` (written as the fenced grammar's JSON; a name needing escapes in a pattern is
+    left to the other openings)."""
+    plain = sorted(n for n in names if _PLAIN_NAME.fullmatch(n))
+    if not plain:
+        return LAZY_CALL_TRIGGER
+    return (LAZY_CALL_TRIGGER + r'|^[ \t\n]*\{(?: |\n[ \t]{0,20})?"name": ?"(?:'
+            + "|".join(plain) + ')"')
+
+
 def _prefixed(gbnf: str, prefix: str) -> str:
     """``gbnf`` with every rule renamed ``prefix`` + name (literals left alone), so a second
     copy of it can stand beside the first in one grammar."""
@@ -284,13 +300,14 @@ def _prefixed(gbnf: str, prefix: str) -> str:
 
 
 def lazy_call_grammar(gbnf: str) -> str:
-    """The grammar behind :data:`LAZY_CALL_TRIGGER`: one or more Hermes calls, as compact as
-    the converter's JSON, one fenced call, which may be indented, or one compact call in
-    doubled braces (``gbnf`` is one call's JSON, root rule ``root``, from the schema
-    converter)."""
+    """The grammar behind :func:`lazy_call_trigger`: one or more Hermes calls, as compact as
+    the converter's JSON, one fenced call, which may be indented, one compact call in
+    doubled braces, or one bare call, which may be indented (``gbnf`` is one call's JSON,
+    root rule ``root``, from the schema converter)."""
     hermes = wrap_grammar(gbnf, OPEN, CLOSE, repeat=True).replace("root ::=", "hermes ::=", 1)
     pretty = re.sub(r"^space ::= .*$", lambda _: _PRETTY_SPACE, gbnf, flags=re.M)
-    return ('root ::= hermes | fenced | doubled\n'
+    return ('root ::= hermes | fenced | doubled | bare\n'
             'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"\n'
             'doubled ::= [ \\t\\n]* "{" body "}"?\n'
+            'bare ::= [ \\t\\n]* fenced-root\n'
             + _prefixed(pretty, "fenced-") + "\n" + hermes)

@@ -16,6 +16,7 @@ from hearth.requests import SamplingParams
 from hearth.tools import (
     LAZY_CALL_TRIGGER,
     lazy_call_grammar,
+    lazy_call_trigger,
     parse_tool_calls,
     tool_call_schema,
     with_argument_values,
@@ -40,15 +41,15 @@ def model():
     m.close()
 
 
-def samplers(model, grammar: str):
-    """Greedy samplers without a grammar and with ``grammar`` held from the lazy trigger."""
+def samplers(model, grammar: str, trigger: str = LAZY_CALL_TRIGGER):
+    """Greedy samplers without a grammar and with ``grammar`` held from the lazy ``trigger``."""
     def free(ctx):
         s = Sampler(model, SamplingParams(temperature=0))
         return lambda row: s.sample(ctx, row)
 
     def lazy(ctx):
         s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
+                                          grammar_trigger=trigger))
         return lambda row: s.sample(ctx, row)
 
     return free, lazy
@@ -138,3 +139,22 @@ def test_a_call_in_doubled_braces_is_held_from_its_opening(model):
     example = _copied_free_and_held(model, free, lazy, "{{", "}")
     later = f"Example: {example}\nExample:"
     assert _greedy(model, later, lazy, n=20) == _greedy(model, later, free, n=20)
+
+
+def test_a_bare_call_naming_a_tool_is_held_and_other_json_stays_free(model):
+    """The fourth opening: an answer that begins as bare JSON naming one of the request's
+    tools is held to the call's schema (it parsed as a call before, unheld); a JSON answer
+    naming anything else comes out as without a grammar."""
+    trigger = lazy_call_trigger({"HassTurnOn"})
+    grammar = lazy_call_grammar(CALL_JSON)
+    free, lazy = samplers(model, grammar, trigger)
+    _copied_free_and_held(model, free, lazy, "{", "")
+    other = 'Person: {"name": "Paris", "age": 3}\nPerson:'
+    assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
+    for text in ('{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}',
+                 '\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": "Porch light"}\n}'):
+        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                          grammar_trigger=trigger))
+        for t in model.tokenize(text, add_special=False):
+            s.accept(t)
+        s.close()

@@ -123,7 +123,7 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     20 spaces or tabs); anything else stays free rather than triggering."""
     import re
 
-    from hearth.tools import LAZY_CALL_TRIGGER, lazy_call_grammar
+    from hearth.tools import LAZY_CALL_TRIGGER, lazy_call_grammar, lazy_call_trigger
 
     trigger = re.compile(LAZY_CALL_TRIGGER)
     assert trigger.groups == 0  # a group would move where the replay starts
@@ -134,7 +134,18 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
                  '```json\n{"city"', '```\n{"name"', '{"name"',
                  '```json\n{\n' + ' ' * 21 + '"name"', 'Sure: {{"name"', '{{\n"name"'):
         assert not trigger.search(free), free
+    # bare JSON is held only when it opens naming one of the request's tools
+    named = re.compile(lazy_call_trigger({"HassTurnOn", "light__HassLightSet", "odd.name"}))
+    assert named.groups == 0
+    for held in ('{"name": "HassTurnOn"', ' \n{"name":"light__HassLightSet"',
+                 '{\n  "name": "HassTurnOn"', "<tool_call>"):
+        assert named.search(held), held
+    for free in ('{"name": "Paris"', '{"name": "HassTurnOnX"', 'Sure: {"name": "HassTurnOn"',
+                 '{"name": "odd.name"', '{"city": "HassTurnOn"'):
+        assert not named.search(free), free
+    assert lazy_call_trigger(set()) == LAZY_CALL_TRIGGER
     grammar = lazy_call_grammar('root ::= "{" space "\\"name\\"" space\nspace ::= " "?')
+    assert "bare ::= [ \\t\\n]* fenced-root" in grammar
     assert 'space ::= | " " | "\\n" [ \\t]{0,20}' in grammar
     assert 'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"' in grammar
     assert 'doubled ::= [ \\t\\n]* "{" body "}"?' in grammar and "\nbody ::=" in grammar
