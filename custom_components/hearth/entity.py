@@ -16,14 +16,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .compat import (
-    exposed_entities,
-    exposed_kinds,
-    exposed_names,
-    schema_to_openapi,
-    vol,
-    with_parent,
-)
+from .compat import exposed_entities, schema_to_openapi, vol, with_parent
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -38,10 +31,18 @@ from .const import (
     MODEL_CLASS_DEFAULT,
 )
 from .coordinator import HearthQueueCoordinator
+from .intent_tools import (
+    area_repair,
+    intent_argument_values,
+    narrow_intent_kinds,
+    shared_argument_sets,
+    with_call_hint,
+)
 from .messages import (
     convert_all,
     convert_content,
     format_response_format,
+    offered_call_names,
     paired_tool_messages,
     transform_stream,
     trim_history,
@@ -93,88 +94,19 @@ def _format_tool(
     return {"type": "function", "function": function}
 
 
-def intent_argument_values(
-    llm_api: llm.APIInstance,
-    formatted: list[dict[str, Any]],
-    exposed: dict[str, dict[str, Any]],
-) -> dict[str, dict[str, list[str]]]:
-    """For each intent tool, the values its ``name`` and ``area`` arguments may take: the
-    exposed entity and area names. The server holds a call the model opens to them, so a small
-    model cannot name a light that does not exist (it may still answer without a call)."""
-    names, areas = exposed_names(exposed)
-    values: dict[str, dict[str, list[str]]] = {}
-    for tool, described in zip(llm_api.tools, formatted, strict=True):
-        base = getattr(tool, "tool", tool)  # a namespaced tool wraps the original
-        # Timer intents use ``name`` for the timer's own name, not an entity's.
-        if not isinstance(base, llm.IntentTool) or "Timer" in base.name:
-            continue
-        keys = described["function"]["parameters"].get("properties") or {}
-        narrow = {arg: v for arg, v in (("name", names), ("area", areas)) if arg in keys and v}
-        if narrow:
-            values[tool.name] = narrow
-    return values
-
-
-def _only(prop: Any, allowed: list[str]) -> dict[str, Any] | None:
-    """``prop`` (a string or an array of strings) taking only ``allowed`` values, of those it
-    lists itself; None when none is left."""
-    if not isinstance(prop, dict):
-        return None
-    items = prop.get("items") if prop.get("type") == "array" else None
-    values = items if isinstance(items, dict) else prop
-    listed = values.get("enum")
-    keep = [v for v in (listed if isinstance(listed, list) else allowed) if v in allowed]
-    if not keep:
-        return None
-    if values is prop:
-        return {**prop, "enum": keep}
-    return {**prop, "items": {**values, "enum": keep}}
-
-
-def narrow_intent_kinds(
-    hass: HomeAssistant,
-    llm_api: llm.APIInstance,
-    formatted: list[dict[str, Any]],
-    exposed: dict[str, dict[str, Any]],
-) -> None:
-    """Intent tools' ``domain`` and ``device_class`` arguments keep to the exposed entities'
-    (in place): a call naming others matches nothing, and a small model offered every
-    device class lists them all (the 1.5B wrote 30 into "turn on the kitchen light", which
-    then matched nothing). An argument with no value left goes."""
-    domains, classes = exposed_kinds(hass, exposed)
-    for tool, described in zip(llm_api.tools, formatted, strict=True):
-        base = getattr(tool, "tool", tool)
-        if not isinstance(base, llm.IntentTool):
-            continue
-        params = described["function"]["parameters"]
-        props = params.get("properties") or {}
-        for arg, allowed in (("domain", domains), ("device_class", classes)):
-            if arg not in props:
-                continue
-            if (narrowed := _only(props[arg], allowed)) is not None:
-                props[arg] = narrowed
-            elif arg not in params.get("required", ()):
-                del props[arg]
-
-
-def shared_argument_sets(
-    values: dict[str, dict[str, list[str]]],
-) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    """The same values with each list many tools share sent once: ``"$names"`` in the tools'
-    values and the list in ``tool_argument_sets`` (a server that lists the feature)."""
-    sets: dict[str, list[str]] = {}
-    shared: dict[str, dict[str, Any]] = {}
-    for tool, args in values.items():
-        shared[tool] = {}
-        for arg, allowed in args.items():
-            key = f"{arg}s"
-            same = sets.setdefault(key, allowed) is allowed  # one exposed-names list per turn
-            shared[tool][arg] = f"${key}" if same else allowed
-    return shared, sets
+def turn_exposed(hass: HomeAssistant, llm_api: llm.APIInstance | None) -> dict[str, dict[str, Any]]:
+    """The entities the Assist API exposes to the turn's assistant (none without an API):
+    read once a turn, for the tools' values and the calls' repair."""
+    if not llm_api:
+        return {}
+    return exposed_entities(hass, llm_api.llm_context.assistant or "conversation")
 
 
 def tool_fields(
-    hass: HomeAssistant, llm_api: llm.APIInstance | None, features: Collection[str] = ()
+    hass: HomeAssistant,
+    llm_api: llm.APIInstance | None,
+    features: Collection[str] = (),
+    exposed: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The request fields that offer the model a chat log's tools: ``tools``, ``tool_choice``
     and the values intent arguments may take (none without an LLM API); the exposed names
@@ -189,7 +121,8 @@ def tool_fields(
     tools = [_format_tool(tool, llm_api.custom_serializer) for tool in llm_api.tools]
     if not tools:
         return {}
-    exposed = exposed_entities(hass, llm_api.llm_context.assistant or "conversation")
+    if exposed is None:
+        exposed = turn_exposed(hass, llm_api)
     narrow_intent_kinds(hass, llm_api, tools, exposed)
     fields: dict[str, Any] = {"tools": tools, "tool_choice": "auto"}
     if argument_values := intent_argument_values(llm_api, tools, exposed):
@@ -219,7 +152,7 @@ def warm_up_body(
     request of that log starts with, to be cached for ``request_class`` on the model its turns
     go to."""
     return {
-        "messages": [convert_content(chat_log.content[0])],
+        "messages": [with_call_hint(convert_content(chat_log.content[0]), chat_log.llm_api)],
         "priority": request_class,
         **model_field(options),
         **tool_fields(hass, chat_log.llm_api, features),
@@ -283,8 +216,11 @@ class HearthBaseLLMEntity(Entity):
             "max_tokens": int(max_tokens or options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
             "priority": request_class,
             **model_field(options),
-            **tool_fields(self.hass, chat_log.llm_api, data.health.get("features") or ()),
         }
+        exposed = turn_exposed(self.hass, chat_log.llm_api)
+        features = data.health.get("features") or ()
+        body.update(tool_fields(self.hass, chat_log.llm_api, features, exposed))
+        repair = area_repair(chat_log.llm_api, exposed)
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
@@ -296,8 +232,12 @@ class HearthBaseLLMEntity(Entity):
 
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
         messages = convert_all(chat_log.content)
+        messages[:1] = [with_call_hint(m, chat_log.llm_api) for m in messages[:1]]
         await async_add_attachments(self.hass, chat_log.content, messages)
-        messages = trim_history(paired_tool_messages(messages), max_history)
+        offered = {tool["function"]["name"] for tool in body.get("tools") or ()}
+        messages = trim_history(
+            offered_call_names(paired_tool_messages(messages), offered), max_history
+        )
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
             try:
@@ -308,7 +248,7 @@ class HearthBaseLLMEntity(Entity):
                     [
                         convert_content(content)
                         async for content in chat_log.async_add_delta_content_stream(
-                            self.entity_id, transform_stream(stream)
+                            self.entity_id, transform_stream(stream, repair)
                         )
                     ]
                 )

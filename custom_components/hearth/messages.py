@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any
 
 from homeassistant.components import conversation
@@ -117,11 +117,13 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 
 async def transform_stream(
     chunks: AsyncIterator[dict[str, Any]],
+    repair: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """Turn OpenAI chat-completion chunks into chat-log deltas.
 
     Text is passed on as it arrives (so a voice pipeline can start speaking); tool calls are
-    assembled from their fragments and handed over when the stream ends.
+    assembled from their fragments and handed over when the stream ends, their arguments
+    through ``repair`` (tool name, arguments) where given.
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
@@ -155,6 +157,8 @@ async def transform_stream(
             if not call["name"]:
                 continue
             args = _parse_arguments(call["arguments"])
+            if repair is not None:
+                args = repair(call["name"], args)
             tool_calls.append(
                 llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
                 if call["id"]  # else Home Assistant gives the call an id of its own
@@ -204,3 +208,33 @@ def paired_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
         paired.append(message)
         paired.extend(results)
     return paired
+
+
+def offered_call_names(messages: list[dict[str, Any]], offered: set[str]) -> list[dict[str, Any]]:
+    """The history with each call named as the tool the model is offered.
+
+    A call Home Assistant's local intents made is named by its intent (``HassTurnOn``) while
+    the model is offered the tool under a namespace (``intent__HassTurnOn`` since 2026.10):
+    shown a call of a tool it does not have, the 1.5B answered the next command by copying
+    the last reply ("Turned on the light") without a call. A name that fits no offered tool,
+    or more than one, stays.
+    """
+    by_base: dict[str, list[str]] = {}
+    for name in offered:
+        by_base.setdefault(name.rpartition("__")[2], []).append(name)
+    renamed = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls and any(c["function"]["name"] not in offered for c in calls):
+            message = {**message, "tool_calls": [_offered(c, offered, by_base) for c in calls]}
+        renamed.append(message)
+    return renamed
+
+
+def _offered(call: dict[str, Any], offered: set[str], by_base: dict[str, list[str]]
+             ) -> dict[str, Any]:
+    name = call["function"]["name"]
+    match = by_base.get(name, [])
+    if name in offered or len(match) != 1:
+        return call
+    return {**call, "function": {**call["function"], "name": match[0]}}

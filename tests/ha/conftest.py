@@ -48,6 +48,7 @@ from .fake_hearth import (  # noqa: E402, F401
     SHADOW_DESCRIPTION,
     FakeHearth,
     text_chunks,
+    tool_call_script,
     turn_on_tool,
 )
 

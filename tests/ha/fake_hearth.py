@@ -376,15 +376,18 @@ def turn_on_tool(body: dict[str, Any]) -> str | None:
     return None
 
 
-def tool_call_script(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Call HassTurnOn for the kitchen light, then report once the tool has answered."""
+def tool_call_script(
+    body: dict[str, Any], call: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Call HassTurnOn for the kitchen light (with the arguments ``call``, if given), then
+    report once the tool has answered."""
     messages = body["messages"]
     if messages[-1]["role"] == "tool":
         return text_chunks("The kitchen light is on.")
     tool_name = turn_on_tool(body)
     if tool_name is None:
         return text_chunks("I cannot control devices.")
-    arguments = json.dumps({"name": "Kitchen light"})
+    arguments = json.dumps(call or {"name": "Kitchen light"})
     half = len(arguments) // 2
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
-from custom_components.hearth.messages import paired_tool_messages
+from custom_components.hearth.messages import offered_call_names, paired_tool_messages
 
-from .conftest import FakeHearth, entity_of, text_chunks
+from .conftest import FakeHearth, entity_of, text_chunks, turn_on_tool
 
 pytestmark = pytest.mark.ha
 
@@ -62,12 +62,15 @@ async def test_local_intent_call_sent_with_its_result(
         hass, "Is it on now?", local.conversation_id, context,
         agent_id=entity_of(hass, fake_entry, "conversation"),
     )
-    messages = fake_hearth.chat_requests[-1][1]["messages"]
+    body = fake_hearth.chat_requests[-1][1]
+    messages = body["messages"]
     assert_paired(messages)
     [local_call] = [
         call for message in messages for call in message.get("tool_calls") or ()
     ]
-    assert local_call["function"]["name"] == "HassTurnOn"
+    # named as the tool the model is offered (intent__HassTurnOn where the release namespaces
+    # it), not only as the intent Home Assistant ran
+    assert local_call["function"]["name"] == turn_on_tool(body)
     index = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
     assert messages[index + 1]["role"] == "tool"
     assert messages[index + 1]["tool_call_id"] == local_call["id"]
@@ -103,3 +106,20 @@ def test_orphans_are_left_out() -> None:
         messages[8],
         messages[9],
     ]
+
+
+def test_calls_are_named_as_the_offered_tools() -> None:
+    """A call is renamed only to the one offered tool of its name; one already offered, one
+    that fits none or two offered tools, stays."""
+    def call(name: str) -> dict[str, Any]:
+        return {"id": name, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+    history = [{"role": "assistant", "content": "",
+                "tool_calls": [call("HassTurnOn"), call("HassTurnOff"), call("GetLiveContext"),
+                               call("Unknown")]}]
+    offered = {"intent__HassTurnOn", "intent__HassTurnOff", "shadow__HassTurnOff",
+               "GetLiveContext"}
+    [renamed] = offered_call_names(history, offered)
+    assert [c["function"]["name"] for c in renamed["tool_calls"]] == [
+        "intent__HassTurnOn", "HassTurnOff", "GetLiveContext", "Unknown"]
+    assert history[0]["tool_calls"][0]["function"]["name"] == "HassTurnOn"  # a copy

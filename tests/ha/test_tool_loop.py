@@ -14,11 +14,12 @@ from homeassistant.const import CONF_LLM_HASS_API, STATE_OFF, STATE_ON
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
-from custom_components.hearth.const import CLASS_HEADER, CONF_MAX_HISTORY
+from custom_components.hearth.const import CALL_HINT, CLASS_HEADER, CONF_MAX_HISTORY
 
 from .conftest import (
     CONVERSATION_OPTIONS,
@@ -28,6 +29,7 @@ from .conftest import (
     entity_of,
     open_chat_session,
     text_chunks,
+    tool_call_script,
     turn_on_tool,
 )
 
@@ -228,6 +230,35 @@ async def test_intent_domains_and_device_classes_keep_to_the_exposed_entities(
     assert (device_class.get("items") or device_class)["enum"] == ["outlet"]
     domain = params["properties"]["domain"]
     assert sorted((domain.get("items") or domain)["enum"]) == ["input_boolean", "switch"]
+    assert "floor" not in params["properties"]  # a home without floors
+
+    fr.async_get(hass).async_create("Ground floor", aliases={"Downstairs"})
+    await conversation.async_converse(hass, "Turn on the kettle", None, context,
+                                      agent_id=agent)
+    floor = _turn_on_params(fake_hearth.chat_requests[-1][1])["properties"]["floor"]
+    assert sorted((floor.get("items") or floor)["enum"]) == ["Downstairs", "Ground floor"]
+
+
+async def test_a_call_naming_a_device_in_another_area_loses_the_area(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+) -> None:
+    """The model names the kitchen light and an area it is not in: Home Assistant would match
+    nothing; the call runs without the area and the light turns on. The prompt carries the
+    follow-up guidance after Home Assistant's own."""
+    ar.async_get(hass).async_create("Porch")
+    fake_hearth.chat_handler = lambda body: tool_call_script(
+        body, {"name": "Kitchen light", "area": "Porch"})
+    await conversation.async_converse(
+        hass, "Turn on the kitchen light", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+    assert hass.states.get(kitchen_light).state == STATE_ON
+    _, first = fake_hearth.chat_requests[0]
+    assert first["messages"][0]["content"].endswith("\n" + CALL_HINT)
 
 
 async def test_exposed_names_go_once_to_a_server_that_takes_sets(

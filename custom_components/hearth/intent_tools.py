@@ -1,0 +1,152 @@
+"""Assist's intent tools as a small model should see and call them: their arguments held to
+the home's exposed names, domains, device classes and floors; a call naming a device in an
+area it is not in repaired; one sentence of guidance for follow-ups. Measured with ``make
+bench-commands MODEL=qwen1.5b`` (README, issue 30)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import floor_registry as fr
+from homeassistant.helpers import llm
+
+from .compat import exposed_kinds, exposed_names
+from .const import CALL_HINT, LOGGER
+
+
+def intent_tools(llm_api: llm.APIInstance | None) -> set[str]:
+    """The names under which ``llm_api`` offers Assist's intent tools (none without an API)."""
+    if llm_api is None:
+        return set()
+    return {tool.name for tool in llm_api.tools
+            if isinstance(getattr(tool, "tool", tool), llm.IntentTool)}
+
+
+def floor_names(hass: HomeAssistant) -> list[str]:
+    """The home's floors by name and alias: what an intent's ``floor`` can match."""
+    names: dict[str, None] = {}
+    for floor in fr.async_get(hass).async_list_floors():
+        names[floor.name] = None
+        names.update(dict.fromkeys(floor.aliases))
+    return list(names)
+
+
+def intent_argument_values(
+    llm_api: llm.APIInstance,
+    formatted: list[dict[str, Any]],
+    exposed: dict[str, dict[str, Any]],
+) -> dict[str, dict[str, list[str]]]:
+    """For each intent tool, the values its ``name`` and ``area`` arguments may take: the
+    exposed entity and area names. The server holds a call the model opens to them, so a small
+    model cannot name a light that does not exist (it may still answer without a call)."""
+    names, areas = exposed_names(exposed)
+    values: dict[str, dict[str, list[str]]] = {}
+    for tool, described in zip(llm_api.tools, formatted, strict=True):
+        base = getattr(tool, "tool", tool)  # a namespaced tool wraps the original
+        # Timer intents use ``name`` for the timer's own name, not an entity's.
+        if not isinstance(base, llm.IntentTool) or "Timer" in base.name:
+            continue
+        keys = described["function"]["parameters"].get("properties") or {}
+        narrow = {arg: v for arg, v in (("name", names), ("area", areas)) if arg in keys and v}
+        if narrow:
+            values[tool.name] = narrow
+    return values
+
+
+def _only(prop: Any, allowed: list[str]) -> dict[str, Any] | None:
+    """``prop`` (a string or an array of strings) taking only ``allowed`` values, of those it
+    lists itself; None when none is left."""
+    if not isinstance(prop, dict):
+        return None
+    items = prop.get("items") if prop.get("type") == "array" else None
+    values = items if isinstance(items, dict) else prop
+    listed = values.get("enum")
+    keep = [v for v in (listed if isinstance(listed, list) else allowed) if v in allowed]
+    if not keep:
+        return None
+    if values is prop:
+        return {**prop, "enum": keep}
+    return {**prop, "items": {**values, "enum": keep}}
+
+
+def narrow_intent_kinds(
+    hass: HomeAssistant,
+    llm_api: llm.APIInstance,
+    formatted: list[dict[str, Any]],
+    exposed: dict[str, dict[str, Any]],
+) -> None:
+    """Intent tools' ``domain`` and ``device_class`` arguments keep to the exposed entities'
+    (in place): a call naming others matches nothing, and a small model offered every
+    device class lists them all (the 1.5B wrote 30 into "turn on the kitchen light", which
+    then matched nothing). ``floor`` keeps to the home's floors (the 1.5B wrote "Floor" into
+    a home without any). An argument with no value left goes."""
+    domains, classes = exposed_kinds(hass, exposed)
+    floors = floor_names(hass)
+    for tool, described in zip(llm_api.tools, formatted, strict=True):
+        base = getattr(tool, "tool", tool)
+        if not isinstance(base, llm.IntentTool):
+            continue
+        params = described["function"]["parameters"]
+        props = params.get("properties") or {}
+        for arg, allowed in (("domain", domains), ("device_class", classes), ("floor", floors)):
+            if arg not in props:
+                continue
+            if (narrowed := _only(props[arg], allowed)) is not None:
+                props[arg] = narrowed
+            elif arg not in params.get("required", ()):
+                del props[arg]
+
+
+def shared_argument_sets(
+    values: dict[str, dict[str, list[str]]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """The same values with each list many tools share sent once: ``"$names"`` in the tools'
+    values and the list in ``tool_argument_sets`` (a server that lists the feature)."""
+    sets: dict[str, list[str]] = {}
+    shared: dict[str, dict[str, Any]] = {}
+    for tool, args in values.items():
+        shared[tool] = {}
+        for arg, allowed in args.items():
+            key = f"{arg}s"
+            same = sets.setdefault(key, allowed) is allowed  # one exposed-names list per turn
+            shared[tool][arg] = f"${key}" if same else allowed
+    return shared, sets
+
+
+def with_call_hint(message: dict[str, Any], llm_api: llm.APIInstance | None) -> dict[str, Any]:
+    """The system ``message`` with :data:`CALL_HINT` after it when the model is offered intent
+    tools (a turn and its warm-up both: the prompt they share must stay the same)."""
+    if message.get("role") != "system" or not intent_tools(llm_api):
+        return message
+    return {**message, "content": f"{message['content']}\n{CALL_HINT}"}
+
+
+def area_repair(
+    llm_api: llm.APIInstance | None, exposed: dict[str, dict[str, Any]]
+) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """A repair for the model's intent calls: a call naming an exposed device together with an
+    area that device is not in loses the area. Home Assistant would match nothing ("no
+    entities in the area"); small models add a wrong area to a right name (the 1.5B turned
+    "set the porch light to 80%" into the porch light in the Living Room). A name that
+    exists in that area keeps it: two devices may share a name in different areas."""
+    tools = intent_tools(llm_api)
+    areas_of: dict[str, set[str]] = {}
+    for info in exposed.values():
+        areas = {a.casefold() for a in info.get("areas", "").split(", ") if a}
+        for name in info.get("names", "").split(", "):
+            if name:
+                areas_of.setdefault(name.casefold(), set()).update(areas)
+
+    def repair(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
+        name, area = args.get("name"), args.get("area")
+        if tool_name not in tools or not isinstance(name, str) or not isinstance(area, str):
+            return args
+        known = areas_of.get(name.casefold())
+        if known is None or area.casefold() in known:
+            return args
+        LOGGER.debug("%s: %r is not in area %r; the area is dropped", tool_name, name, area)
+        return {key: value for key, value in args.items() if key != "area"}
+
+    return repair
