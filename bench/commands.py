@@ -176,6 +176,10 @@ def summary(results: list[dict[str, Any]], model: str, busy: int,
 
 async def bench(args: argparse.Namespace, ha_url: str, server_url: str, say) -> list[dict]:
     spec = yaml.safe_load(CASES.read_text())
+    if args.cases:
+        wanted = set(args.cases.split(","))
+        wanted |= {c["after"] for c in spec["cases"] if c["id"] in wanted and "after" in c}
+        spec["cases"] = [c for c in spec["cases"] if c["id"] in wanted]
     async with aiohttp.ClientSession() as session:
         ha = HomeAssistantClient(ha_url, session)
         await ha.login(args.username, args.password)
@@ -200,6 +204,8 @@ def main() -> int:
     p.add_argument("--model", default="", help="GGUF for the Hearth server (default embedded)")
     p.add_argument("--modes", default="local,model", help="local, model or both")
     p.add_argument("--busy", type=int, default=0, help="background jobs kept running")
+    p.add_argument("--cases", default="",
+                   help="only these case ids, comma-separated (with the cases they follow up)")
     p.add_argument("--ha-url", help="use this running demo instead of starting one")
     p.add_argument("--server-arg", action="append", default=[],
                    help="a flag for the Hearth server, e.g. --server-arg=--no-constrain-tool-calls")
