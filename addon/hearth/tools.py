@@ -8,6 +8,9 @@ Two output styles are understood:
   ``<|python_tag|>``; several separated by ``;`` or newlines).
 - A fenced block (```` ```json ... ``` ````) holding such JSON, as small instruct models often
   write a call; only when every object in it names one of the request's tools.
+- Such JSON between ``<tools>`` tags (the tag Qwen2.5's template lists the tools in, which
+  the 1.5B copied around its calls), or right after a tool's name (``HassTurnOn{"name": …}``),
+  only when it names one of the request's tools.
 - The same JSON in doubled braces, ``{{"name": "f", "arguments": {...}}}``: Qwen2.5's own chat
   template shows its call format so (a literal ``{{`` in a Jinja string), and small Qwen
   models copy it. The template is left as it is: shown with one brace, the 1.5B explained
@@ -29,6 +32,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 RESPONSE_OPEN = "<tool_response>"
 FENCE = "```"
+TOOLS_OPEN, TOOLS_CLOSE = "<tools>", "</tools>"
 _FENCE_OPEN = re.compile(r"```[A-Za-z]*[ \t]*\n?")  # ```json, ```JSON, ``` …
 
 
@@ -84,6 +88,12 @@ def parse_tool_calls(text: str, names: set[str] | None = None
         fenced = _fenced_calls(body, names)
         if fenced is not None:
             return fenced
+    if names and TOOLS_OPEN in body:
+        tagged = _tagged_calls(body, names)
+        if tagged is not None:
+            return tagged
+    if names and (named := _named_call(body, names)) is not None:
+        return "", [named]
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG):]
     if body.startswith("{"):
@@ -146,6 +156,32 @@ def _fenced_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]
     return body[:at].strip(), calls  # type: ignore[return-value]
 
 
+def _tagged_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]] | None:
+    """Calls of the request's tools between ``<tools>`` tags at the end of the answer (the
+    close may be missing; text before stays content); None when the answer is anything
+    else."""
+    at = body.rfind(TOOLS_OPEN)
+    end = body.find(TOOLS_CLOSE, at)
+    if end >= 0 and body[end + len(TOOLS_CLOSE):].strip():
+        return None
+    objs = _json_objects(body[at + len(TOOLS_OPEN):end if end >= 0 else len(body)])
+    calls = [_as_call(o, names) for o in objs or ()]
+    if not calls or any(c is None for c in calls):
+        return None
+    return body[:at].strip(), calls  # type: ignore[return-value]
+
+
+def _named_call(body: str, names: set[str]) -> dict[str, Any] | None:
+    """The whole answer as a tool's name and its arguments' JSON object, or None."""
+    name = max((n for n in names if body.startswith(n)), key=len, default=None)
+    if name is None:
+        return None
+    args = _json_objects(body[len(name):])
+    if not args or len(args) != 1 or not isinstance(args[0], dict):
+        return None
+    return _call(name, args[0])
+
+
 class ToolStream:
     """Streams content while watching for tool calls: text before a call streams at once;
     from the first sign of a call the rest is held and parsed when generation ends. With tool
@@ -154,7 +190,9 @@ class ToolStream:
 
     def __init__(self, names: set[str] | None):
         self.names = names
-        self.markers = (OPEN, FENCE) if names else (OPEN,)
+        self.markers = (OPEN, FENCE, TOOLS_OPEN) if names else (OPEN,)
+        # an answer may open with a tool's name, its arguments after it
+        self.openings = (PYTHON_TAG, *self.markers, *sorted(names or ()))
         self.blank: list[str] = []  # leading whitespace, held until the first visible text
         self.held = ""  # a tail that may still grow into a marker
         self.captured: list[str] = []  # from the first sign of a call on
@@ -172,11 +210,11 @@ class ToolStream:
                 return ""
             buf = "".join(self.blank) + self.held + text
             self.blank, self.held = [], ""
-            if lead.startswith(("{", PYTHON_TAG, *self.markers)):
+            if lead.startswith(("{", *self.openings)):
                 self.capturing = True  # the answer opens as a call (JSON style or Hermes)
                 self.captured = [buf]
                 return ""
-            if any(m.startswith(lead) for m in (PYTHON_TAG, *self.markers)):
+            if any(m.startswith(lead) for m in self.openings):
                 self.blank, self.held = [buf[:len(buf) - len(lead)]], lead  # may become one
                 return ""
             self.seen_text = True
@@ -257,9 +295,10 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 
 # Under tool_choice "auto" the model chooses freely whether to call; from the moment it opens
 # a call the call's grammar holds, so the call parses and its arguments keep to the tool's
-# schema (an enum of exposed names, say). Four openings: Hermes' tag; a fenced JSON block
+# schema (an enum of exposed names, say). Five openings: Hermes' tag; a fenced JSON block
 # whose object begins with "name" (how small instruct models such as Qwen2.5-Coder often
-# write a call), a fence holding other JSON staying free; an answer opening with
+# write a call), a fence holding other JSON staying free; the same object after ``<tools>``
+# (the 1.5B wraps calls in the tag its template lists the tools in); an answer opening with
 # ``{{"name"`` (Qwen2.5's template shows its call so), which no JSON answer does; and an
 # answer opening with bare JSON that names one of the request's tools (``{"name":
 # "HassTurnOn"``, :func:`lazy_call_trigger`), which the answer parsed as a call anyway, so
@@ -270,7 +309,7 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 # The text a trigger matches is replayed into the grammar, and a grammar refusing it aborts
 # inside llama.cpp: each pattern accepts only what its grammar does (no capturing group, which
 # would move the start), so the JSON's whitespace here is the grammar's ``space`` below.
-LAZY_CALL_TRIGGER = (r'<tool_call>|```json[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
+LAZY_CALL_TRIGGER = (r'<tool_call>|(?:```json|<tools>)[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
                      r'|^[ \t\n]*\{\{ ?"name"')
 # JSON as models write it in a fence: indented, one item a line.
 _PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
@@ -301,13 +340,14 @@ def _prefixed(gbnf: str, prefix: str) -> str:
 
 def lazy_call_grammar(gbnf: str) -> str:
     """The grammar behind :func:`lazy_call_trigger`: one or more Hermes calls, as compact as
-    the converter's JSON, one fenced call, which may be indented, one compact call in
-    doubled braces, or one bare call, which may be indented (``gbnf`` is one call's JSON,
-    root rule ``root``, from the schema converter)."""
+    the converter's JSON, one fenced or tagged (``<tools>``) call, which may be indented, one
+    compact call in doubled braces, or one bare call, which may be indented (``gbnf`` is one
+    call's JSON, root rule ``root``, from the schema converter)."""
     hermes = wrap_grammar(gbnf, OPEN, CLOSE, repeat=True).replace("root ::=", "hermes ::=", 1)
     pretty = re.sub(r"^space ::= .*$", lambda _: _PRETTY_SPACE, gbnf, flags=re.M)
-    return ('root ::= hermes | fenced | doubled | bare\n'
+    return ('root ::= hermes | fenced | tagged | doubled | bare\n'
             'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"\n'
+            'tagged ::= "<tools>" [ \\t\\n]* fenced-root [ \\t\\n]* "</tools>"\n'
             'doubled ::= [ \\t\\n]* "{" body "}"?\n'
             'bare ::= [ \\t\\n]* fenced-root\n'
             + _prefixed(pretty, "fenced-") + "\n" + hermes)

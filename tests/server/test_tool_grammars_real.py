@@ -122,7 +122,9 @@ def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
                  '"Porch light"}\n}\n```',
                  'Sure. <tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "Porch '
                  'light"}}\n</tool_call>',
-                 '{{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}}'):
+                 '{{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}}',
+                 'To turn it on:\n<tools>\n{\n  "name": "HassTurnOn",\n  "arguments": '
+                 '{"name": "Porch light"}\n}\n</tools>'):
         s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
                                           grammar_trigger=LAZY_CALL_TRIGGER))
         for t in model.tokenize(text, add_special=False):

@@ -63,10 +63,31 @@ def test_a_call_in_doubled_braces_is_a_call_as_qwen_writes_it():
     assert parse_tool_calls(text, None) == (text, [])
 
 
+def test_a_call_in_tools_tags_or_after_its_name_is_a_call():
+    """The 1.5B wrapped calls in the ``<tools>`` tag its template lists the tools in (text
+    before it stays), or wrote the tool's name and then its arguments; either counts only
+    when it names one of the request's tools."""
+    text = f"To turn it on:\n<tools>\n{json.dumps(CALL, indent=2)}\n</tools>"
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == "To turn it on:"
+    assert _calls(calls) == [("HassTurnOn", {"name": "Kitchen light"})]
+    assert _calls(parse_tool_calls("<tools>" + json.dumps(CALL), NAMES)[1])  # unclosed
+    named = 'HassTurnOff{"name": "Porch light", "domain": ["light"]}'
+    assert _calls(parse_tool_calls(named, NAMES)[1]) == [
+        ("HassTurnOff", {"name": "Porch light", "domain": ["light"]})]
+    for text in ('<tools>{"name": "rm_rf", "arguments": {}}</tools>',
+                 f"<tools>{json.dumps(CALL)}</tools> and then more",
+                 '<tools>{"type": "function"}</tools>', "HassTurnOff the light",
+                 'HassTurnOff{"name": "a"} {"name": "b"}', 'rm_rf{"path": "/"}'):
+        assert parse_tool_calls(text, NAMES) == (text, []), text
+    assert parse_tool_calls(named, None) == (named, [])
+
+
 FRAGMENTS = st.sampled_from([
     "<tool_call>", "</tool_call>", "```", "```json\n", json.dumps(CALL),
     json.dumps({"name": "HassTurnOff", "arguments": {}}), "{", "}", " ", "\n", "  \t",
-    "Okay.", "the light", "<tool", "``", "<|python_tag|>", ";", "{{", "}}",
+    "Okay.", "the light", "<tool", "``", "<|python_tag|>", ";", "{{", "}}", "<tools>",
+    "</tools>", "HassTurn", "HassTurnOn", '{"name": "Porch"}',
 ])
 
 
@@ -128,6 +149,7 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     trigger = re.compile(LAZY_CALL_TRIGGER)
     assert trigger.groups == 0  # a group would move where the replay starts
     for held in ('```json\n{"name"', '```json\n{\n  "name"', '```json\n\n{ "name"',
+                 '<tools>\n{\n  "name"', 'Use: <tools>{"name"',
                  "<tool_call>", 'Sure. ```json\n{\n\t"name"', '{{"name"', '\n {{ "name"'):
         assert trigger.search(held), held
     for free in ('```json\n{  "name"', '```json\n{\n\n"name"', '```JSON\n{"name"',
@@ -146,6 +168,7 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     assert lazy_call_trigger(set()) == LAZY_CALL_TRIGGER
     grammar = lazy_call_grammar('root ::= "{" space "\\"name\\"" space\nspace ::= " "?')
     assert "bare ::= [ \\t\\n]* fenced-root" in grammar
+    assert 'tagged ::= "<tools>" [ \\t\\n]* fenced-root [ \\t\\n]* "</tools>"' in grammar
     assert 'space ::= | " " | "\\n" [ \\t]{0,20}' in grammar
     assert 'fenced ::= "```json" [ \\t\\n]* fenced-root [ \\t\\n]* "```"' in grammar
     assert 'doubled ::= [ \\t\\n]* "{" body "}"?' in grammar and "\nbody ::=" in grammar
