@@ -10,7 +10,8 @@ Two output styles are understood:
   write a call; only when every object in it names one of the request's tools.
 - Such JSON between ``<tools>`` tags (the tag Qwen2.5's template lists the tools in, which
   the 1.5B copied around its calls), or right after a tool's name (``HassTurnOn{"name": …}``),
-  only when it names one of the request's tools.
+  or the pythonic style (``HassTurnOn(name="Porch light")``), only when it names one of the
+  request's tools.
 - The same JSON in doubled braces, ``{{"name": "f", "arguments": {...}}}``: Qwen2.5's own chat
   template shows its call format so (a literal ``{{`` in a Jinja string), and small Qwen
   models copy it. The template is left as it is: shown with one brace, the 1.5B explained
@@ -22,6 +23,7 @@ Parsing is linear in the output's length: model output is whatever a prompt made
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
@@ -172,14 +174,32 @@ def _tagged_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]
 
 
 def _named_call(body: str, names: set[str]) -> dict[str, Any] | None:
-    """The whole answer as a tool's name and its arguments' JSON object, or None."""
+    """The whole answer as a tool's name and its arguments: a JSON object, or keywords as a
+    Python call writes them (``HassTurnOn(name="Porch light")``, the pythonic style Llama
+    3.2 uses, also in braces); None when it is anything else."""
     name = max((n for n in names if body.startswith(n)), key=len, default=None)
     if name is None:
         return None
-    args = _json_objects(body[len(name):])
-    if not args or len(args) != 1 or not isinstance(args[0], dict):
+    rest = body[len(name):].strip()
+    args = _json_objects(rest)
+    if args and len(args) == 1 and isinstance(args[0], dict):
+        return _call(name, args[0])
+    if rest[:1] == "{" and rest[-1:] == "}":
+        rest = f"({rest[1:-1]})"
+    keywords = _keywords(rest) if rest[:1] == "(" and rest[-1:] == ")" else None
+    return None if keywords is None else _call(name, keywords)
+
+
+def _keywords(call: str) -> dict[str, Any] | None:
+    """``(a="x", b=2)`` as ``{"a": "x", "b": 2}``: literal values only, read by Python's
+    parser (never evaluated); None for anything else."""
+    try:
+        tree = ast.parse("f" + call, mode="eval").body
+        if not isinstance(tree, ast.Call) or tree.args:
+            return None
+        return {k.arg: ast.literal_eval(k.value) for k in tree.keywords if k.arg}
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
         return None
-    return _call(name, args[0])
 
 
 class ToolStream:

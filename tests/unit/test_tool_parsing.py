@@ -65,8 +65,9 @@ def test_a_call_in_doubled_braces_is_a_call_as_qwen_writes_it():
 
 def test_a_call_in_tools_tags_or_after_its_name_is_a_call():
     """The 1.5B wrapped calls in the ``<tools>`` tag its template lists the tools in (text
-    before it stays), or wrote the tool's name and then its arguments; either counts only
-    when it names one of the request's tools."""
+    before it stays), or wrote the tool's name and then its arguments (JSON, or keywords as
+    a Python call, never evaluated); either counts only when it names one of the request's
+    tools."""
     text = f"To turn it on:\n<tools>\n{json.dumps(CALL, indent=2)}\n</tools>"
     content, calls = parse_tool_calls(text, NAMES)
     assert content == "To turn it on:"
@@ -75,7 +76,13 @@ def test_a_call_in_tools_tags_or_after_its_name_is_a_call():
     named = 'HassTurnOff{"name": "Porch light", "domain": ["light"]}'
     assert _calls(parse_tool_calls(named, NAMES)[1]) == [
         ("HassTurnOff", {"name": "Porch light", "domain": ["light"]})]
+    for pythonic in ('HassTurnOff(name="Porch light", domain=["light"])',
+                     'HassTurnOff{name="Porch light", domain=["light"]}'):
+        assert _calls(parse_tool_calls(pythonic, NAMES)[1]) == [
+            ("HassTurnOff", {"name": "Porch light", "domain": ["light"]})], pythonic
     for text in ('<tools>{"name": "rm_rf", "arguments": {}}</tools>',
+                 'HassTurnOff(name=os.system("x"))', 'HassTurnOff("Porch light")',
+                 'HassTurnOff(name="a") and more', 'HassTurnOff{name: "a"}',
                  f"<tools>{json.dumps(CALL)}</tools> and then more",
                  '<tools>{"type": "function"}</tools>', "HassTurnOff the light",
                  'HassTurnOff{"name": "a"} {"name": "b"}', 'rm_rf{"path": "/"}'):
