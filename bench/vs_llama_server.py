@@ -156,12 +156,34 @@ async def chat_throughput(c: Client, max_tokens: int, rnd: int = 0) -> float:
         return sum(o["completion_tokens"] for o in outs) / (time.monotonic() - t0)
 
 
+def throughput_table(results: dict[str, dict], model: Path, rounds: int, out: Path) -> int:
+    """The 8-chat throughput of each round and their medians (``--throughput-only``)."""
+    rates = {name: [x["chat_tokens_per_s"] for x in r["rounds"]] for name, r in results.items()}
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    h, ls = (statistics.median(rates[n]) for n in ("hearth", "llama-server"))
+    lines = [f"# 8-chat throughput, Hearth against llama-server — {stamp}", "",
+             f"Command: `python bench/vs_llama_server.py --throughput-only --model {model.name}"
+             f" --rounds {rounds}`; interleaved rounds.", "",
+             "| server | tok/s per round | median |", "|---|---|---:|"]
+    lines += [f"| {n} | {', '.join(f'{v:.1f}' for v in rates[n])} | "
+              f"{statistics.median(rates[n]):.1f} |" for n in rates]
+    lines += ["", f"Hearth/llama-server: {h / ls:.2f}×."]
+    folder = out / f"throughput-vs-llama-server-{stamp}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(results, indent=1))
+    (folder / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4)")
     ap.add_argument("--model", default="", help="GGUF both servers load (default embedded)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="only the 8-chat throughput, more rounds of it (its spread is wide)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 4)
     n_voice, max_tokens = (4, 64) if args.quick else (8, 128)
@@ -178,10 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(rounds):
             for c in clients if k % 2 == 0 else clients[::-1]:
                 print(f"round {k + 1}/{rounds}: {c.name}", file=sys.stderr)
+                if args.throughput_only:
+                    results[c.name]["rounds"].append(
+                        {"chat_tokens_per_s": asyncio.run(chat_throughput(c, max_tokens, k))})
+                    continue
                 results[c.name]["rounds"].append({
                     "voice": asyncio.run(voice_under_load(c, n_voice, k)),
                     "stall": asyncio.run(stall_on_long_prompt(c, k)),
                     "chat_tokens_per_s": asyncio.run(chat_throughput(c, max_tokens, k))})
+    if args.throughput_only:
+        return throughput_table(results, model, rounds, Path(args.out))
     for r in results.values():
         rs = r["rounds"]
         r["voice_idle_p50_ms"] = statistics.median(x["voice"]["idle_p50_ms"] for x in rs)

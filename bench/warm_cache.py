@@ -1,6 +1,6 @@
 """Does the voice prompt stay warm? Hearth against llama.cpp's llama-server, in one run.
 
-1. Restart: a satellite's ~1,200-token system prompt (instructions and 55 exposed entities).
+1. Restart: a satellite's ~1,050-token system prompt (instructions and 55 exposed entities).
    The first voice turn on a fresh server (cold), the next one (warm), and the first one after
    the server is stopped with SIGTERM and started again (Hearth: restored from data_dir;
    llama-server keeps nothing across a restart). Also Hearth's save and restore times and the
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-burst", type=int, default=4, help="one-off prompts per flood")
     ap.add_argument("--model", default="", help="GGUF both servers load (default embedded)")
     ap.add_argument("--entities", type=int, default=55,
-                    help="exposed entities in the system prompt (55: ~1,200 tokens)")
+                    help="exposed entities in the system prompt (55: ~1,050 tokens, 150: "
+                    "~2,950)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     global SYSTEM, HEARTH_MODEL
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         if k != "out" and v != ap.get_default(k))
     lines = [f"# Warm voice prompts — {stamp}", "",
              f"Command: `{cmd}`; model {model.name}; a {len(SYSTEM)}-character system prompt "
-             "(~1,200 tokens); medians of the rounds.", "",
+             f"({args.entities} exposed entities; 55 are about 1,050 tokens, 150 about 2,950 "
+             "with Qwen2.5's tokenizer); medians of the rounds.", "",
              "## First voice TTFT around a restart (ms)", "",
              "| server | cold | warm | after a restart |", "|---|---:|---:|---:|",
              f"| hearth | {med('hearth_cold'):.0f} | {med('hearth_warm'):.0f} | "
