@@ -125,11 +125,16 @@ def test_a_fenced_call_is_held_too_and_other_fences_stay_free(model):
                  '{{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}}',
                  'To turn it on:\n<tools>\n{\n  "name": "HassTurnOn",\n  "arguments": '
                  '{"name": "Porch light"}\n}\n</tools>'):
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
-        for t in model.tokenize(text, add_special=False):
-            s.accept(t)
-        s.close()
+        replay(model, grammar, LAZY_CALL_TRIGGER, text)
+
+
+def replay(model, grammar: str, trigger: str, text: str) -> None:
+    """Feed ``text`` to a sampler holding ``grammar`` from ``trigger``: a grammar refusing a
+    replayed token aborts inside llama.cpp, failing the run."""
+    s = Sampler(model, SamplingParams(temperature=0, grammar=grammar, grammar_trigger=trigger))
+    for t in model.tokenize(text, add_special=False):
+        s.accept(t)
+    s.close()
 
 
 def test_a_call_in_doubled_braces_is_held_from_its_opening(model):
@@ -155,8 +160,4 @@ def test_a_bare_call_naming_a_tool_is_held_and_other_json_stays_free(model):
     assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
     for text in ('{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}',
                  '\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": "Porch light"}\n}'):
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=trigger))
-        for t in model.tokenize(text, add_special=False):
-            s.accept(t)
-        s.close()
+        replay(model, grammar, trigger, text)
