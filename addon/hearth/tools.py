@@ -101,12 +101,20 @@ def parse_tool_calls(text: str, names: set[str] | None = None
     if body.startswith("{"):
         # Small models go on to make up the tool's answer after their call: it is not theirs.
         body = body.split(RESPONSE_OPEN, 1)[0].rstrip()
-        objs = _undoubled(body) if body.startswith("{{") else _json_objects(body)
-        if objs:
-            calls = [_as_call(o, names) for o in objs]
-            if all(c is not None for c in calls):
-                return "", calls  # type: ignore[return-value]
+        calls = _all_calls(_undoubled(body) if body.startswith("{{") else _json_objects(body),
+                           names)
+        if calls is not None:
+            return "", calls
     return text, []
+
+
+def _all_calls(objs: list[Any] | None, names: set[str] | None) -> list[dict[str, Any]] | None:
+    """Every one of ``objs`` as a call of the request's tools, or None (none, or one is
+    not)."""
+    calls = [_as_call(o, names) for o in objs or ()]
+    if not calls or any(c is None for c in calls):
+        return None
+    return calls  # type: ignore[return-value]
 
 
 def _undoubled(body: str) -> list[Any] | None:
@@ -149,13 +157,8 @@ def _fenced_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]
     m = _FENCE_OPEN.match(body, at)
     if m is None:
         return None
-    objs = _json_objects(body[m.end():len(body) - len(FENCE)])
-    if not objs:
-        return None
-    calls = [_as_call(o, names) for o in objs]
-    if any(c is None for c in calls):
-        return None
-    return body[:at].strip(), calls  # type: ignore[return-value]
+    calls = _all_calls(_json_objects(body[m.end():len(body) - len(FENCE)]), names)
+    return None if calls is None else (body[:at].strip(), calls)
 
 
 def _tagged_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]] | None:
@@ -166,11 +169,9 @@ def _tagged_calls(body: str, names: set[str]) -> tuple[str, list[dict[str, Any]]
     end = body.find(TOOLS_CLOSE, at)
     if end >= 0 and body[end + len(TOOLS_CLOSE):].strip():
         return None
-    objs = _json_objects(body[at + len(TOOLS_OPEN):end if end >= 0 else len(body)])
-    calls = [_as_call(o, names) for o in objs or ()]
-    if not calls or any(c is None for c in calls):
-        return None
-    return body[:at].strip(), calls  # type: ignore[return-value]
+    calls = _all_calls(
+        _json_objects(body[at + len(TOOLS_OPEN):end if end >= 0 else len(body)]), names)
+    return None if calls is None else (body[:at].strip(), calls)
 
 
 def _named_call(body: str, names: set[str]) -> dict[str, Any] | None:
@@ -329,8 +330,10 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 # The text a trigger matches is replayed into the grammar, and a grammar refusing it aborts
 # inside llama.cpp: each pattern accepts only what its grammar does (no capturing group, which
 # would move the start), so the JSON's whitespace here is the grammar's ``space`` below.
-LAZY_CALL_TRIGGER = (r'<tool_call>|(?:```json|<tools>)[ \t\n]*\{(?: |\n[ \t]{0,20})?"name"'
-                     r'|^[ \t\n]*\{\{ ?"name"')
+# An object opening with its "name" key, its whitespace as _PRETTY_SPACE allows.
+_NAME_FIRST = r'\{(?: |\n[ \t]{0,20})?"name"'
+LAZY_CALL_TRIGGER = (r'<tool_call>|(?:```json|<tools>)[ \t\n]*' + _NAME_FIRST
+                     + r'|^[ \t\n]*\{\{ ?"name"')
 # JSON as models write it in a fence: indented, one item a line.
 _PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
 # A grammar's literals and character classes, and its words (rule names among them).
@@ -347,8 +350,8 @@ def lazy_call_trigger(names: set[str]) -> str:
     plain = sorted(n for n in names if _PLAIN_NAME.fullmatch(n))
     if not plain:
         return LAZY_CALL_TRIGGER
-    return (LAZY_CALL_TRIGGER + r'|^[ \t\n]*\{(?: |\n[ \t]{0,20})?"name": ?"(?:'
-            + "|".join(plain) + ')"')
+    return (LAZY_CALL_TRIGGER + r'|^[ \t\n]*' + _NAME_FIRST + r': ?"(?:' + "|".join(plain)
+            + ')"')
 
 
 def _prefixed(gbnf: str, prefix: str) -> str:
