@@ -107,15 +107,20 @@ def exposed_entities(hass: HomeAssistant, assistant: str) -> dict[str, dict[str,
         return dict(found.get("entities", {}))
 
 
+def listed(info: dict[str, Any], field: str) -> list[str]:
+    """The names an exposed entity's ``field`` (``names``, ``areas``) holds: both releases
+    join them with ", " for the prompt."""
+    return [name for name in info.get(field, "").split(", ") if name]
+
+
 def exposed_names(exposed: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """The entity names (with aliases) and area names (with aliases) of the ``exposed``
     entities, as the prompt lists them: what a tool call may name."""
     names: dict[str, None] = {}
     areas: dict[str, None] = {}
     for info in exposed.values():
-        # both releases join a field's names with ", " for the prompt
-        names.update(dict.fromkeys(n for n in info.get("names", "").split(", ") if n))
-        areas.update(dict.fromkeys(a for a in info.get("areas", "").split(", ") if a))
+        names.update(dict.fromkeys(listed(info, "names")))
+        areas.update(dict.fromkeys(listed(info, "areas")))
     return list(names), list(areas)
 
 

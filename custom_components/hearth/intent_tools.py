@@ -12,16 +12,21 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers import llm
 
-from .compat import exposed_kinds, exposed_names
+from .compat import exposed_kinds, exposed_names, listed
 from .const import CALL_HINT, LOGGER
+
+
+def _intent(tool: llm.Tool) -> llm.IntentTool | None:
+    """The intent tool ``tool`` is (a namespaced tool wraps the original), or None."""
+    base = getattr(tool, "tool", tool)
+    return base if isinstance(base, llm.IntentTool) else None
 
 
 def intent_tools(llm_api: llm.APIInstance | None) -> set[str]:
     """The names under which ``llm_api`` offers Assist's intent tools (none without an API)."""
     if llm_api is None:
         return set()
-    return {tool.name for tool in llm_api.tools
-            if isinstance(getattr(tool, "tool", tool), llm.IntentTool)}
+    return {tool.name for tool in llm_api.tools if _intent(tool)}
 
 
 def floor_names(hass: HomeAssistant) -> list[str]:
@@ -44,9 +49,8 @@ def intent_argument_values(
     names, areas = exposed_names(exposed)
     values: dict[str, dict[str, list[str]]] = {}
     for tool, described in zip(llm_api.tools, formatted, strict=True):
-        base = getattr(tool, "tool", tool)  # a namespaced tool wraps the original
         # Timer intents use ``name`` for the timer's own name, not an entity's.
-        if not isinstance(base, llm.IntentTool) or "Timer" in base.name:
+        if (base := _intent(tool)) is None or "Timer" in base.name:
             continue
         keys = described["function"]["parameters"].get("properties") or {}
         narrow = {arg: v for arg, v in (("name", names), ("area", areas)) if arg in keys and v}
@@ -85,8 +89,7 @@ def narrow_intent_kinds(
     domains, classes = exposed_kinds(hass, exposed)
     floors = floor_names(hass)
     for tool, described in zip(llm_api.tools, formatted, strict=True):
-        base = getattr(tool, "tool", tool)
-        if not isinstance(base, llm.IntentTool):
+        if _intent(tool) is None:
             continue
         params = described["function"]["parameters"]
         props = params.get("properties") or {}
@@ -134,10 +137,9 @@ def area_repair(
     tools = intent_tools(llm_api)
     areas_of: dict[str, set[str]] = {}
     for info in exposed.values():
-        areas = {a.casefold() for a in info.get("areas", "").split(", ") if a}
-        for name in info.get("names", "").split(", "):
-            if name:
-                areas_of.setdefault(name.casefold(), set()).update(areas)
+        areas = {area.casefold() for area in listed(info, "areas")}
+        for name in listed(info, "names"):
+            areas_of.setdefault(name.casefold(), set()).update(areas)
 
     def repair(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
         name, area = args.get("name"), args.get("area")
