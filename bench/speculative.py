@@ -27,7 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
 from llama_server import LlamaServer  # noqa: E402
+from vs_llama_server import write_run  # noqa: E402
 
 MODELS = Path.home() / ".cache" / "hearth" / "models"
 TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -89,11 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = statistics.median(r["decode_tok_s"] or 0 for r in rs)
         share = f"{accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else "–"
         lines.append(f"| {name} | {rate:.1f} | {e2e:.2f} s | {share} | {base / e2e:.2f}× |")
-    out = Path(args.out) / f"speculative-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(runs, indent=1))
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_run(Path(args.out) / f"speculative-{stamp}", runs, lines, "runs.json")
     return 0
 
 

@@ -156,6 +156,15 @@ async def chat_throughput(c: Client, max_tokens: int, rnd: int = 0) -> float:
         return sum(o["completion_tokens"] for o in outs) / (time.monotonic() - t0)
 
 
+def write_run(folder: Path, data: object, lines: list[str], data_name: str = "results.json"
+              ) -> None:
+    """A run's folder: its data as JSON and its table (``lines``), which is also printed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / data_name).write_text(json.dumps(data, indent=1))
+    (folder / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def throughput_table(results: dict[str, dict], model: Path, rounds: int, out: Path) -> int:
     """The 8-chat throughput of each round and their medians (``--throughput-only``)."""
     rates = {name: [x["chat_tokens_per_s"] for x in r["rounds"]] for name, r in results.items()}
@@ -168,11 +177,7 @@ def throughput_table(results: dict[str, dict], model: Path, rounds: int, out: Pa
     lines += [f"| {n} | {', '.join(f'{v:.1f}' for v in rates[n])} | "
               f"{statistics.median(rates[n]):.1f} |" for n in rates]
     lines += ["", f"Hearth/llama-server: {h / ls:.2f}×."]
-    folder = out / f"throughput-vs-llama-server-{stamp}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps(results, indent=1))
-    (folder / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_run(out / f"throughput-vs-llama-server-{stamp}", results, lines)
     return 0
 
 
@@ -243,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Hearth/llama-server: voice under load {voice:.2f}× the time, longest "
               f"stall {stall:.2f}×, "
               f"8-chat throughput {h['chat_tokens_per_s'] / ls['chat_tokens_per_s']:.2f}×."]
-    out = Path(args.out) / f"vs-llama-server-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_run(Path(args.out) / f"vs-llama-server-{stamp}", results, lines)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import signal
 import statistics
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
-from vs_llama_server import COMMANDS, Client, session  # noqa: E402
+from vs_llama_server import COMMANDS, Client, session, write_run  # noqa: E402
 
 from hearth.models import packaged_model  # noqa: E402
 
@@ -179,12 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, times in floods.items():
         lines.append(f"| {name} | {pct(times, 0.5):.0f} | {pct(times, 0.95):.0f} | "
                      f"{max(times):.0f} |")
-    out = Path(args.out) / f"warm-cache-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"restarts": restarts, "floods": floods},
-                                                 indent=1))
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_run(Path(args.out) / f"warm-cache-{stamp}", {"restarts": restarts, "floods": floods},
+              lines)
     return 0
 
 
