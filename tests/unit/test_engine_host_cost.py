@@ -38,7 +38,7 @@ def _keys_per_pass(waiting: int, free_slot: bool) -> float:
     for _ in range(passes):
         if free_slot:  # a slot comes free: the pass admits one
             core._finish(core.running[0], "stop", b.t)
-        core._admit_dirty = True
+        core.admitter.changed()
         core.step()
     return calls[0] / passes
 

@@ -58,7 +58,7 @@ def test_a_death_while_building_a_grammar_suspects_the_request_being_admitted():
     r, _ = request(b, "chat", 20, 5)
     core.submit(r)
     core._drain_inbox(b.now())
-    core._admitting = r  # as when new_sampler's call to the worker never came back
+    core.admitter.admitting = r  # as when new_sampler's call to the worker never came back
     lost, suspects = core.worker_lost(WorkerLost("SIGSEGV", signal=11, during="new_sampler"))
     assert suspects == [r] and lost == [r] and core.waiting == []
 

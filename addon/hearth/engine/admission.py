@@ -1,6 +1,9 @@
-"""Admission into sequence ids and KV room, and preemption (part of
-:class:`~hearth.engine.core.EngineCore`): the policy picks who goes and who gives way, the KV
-part (:class:`~hearth.engine.kv.KVSpace`) counts and frees the cells."""
+"""Admission into sequence ids and KV room, and preemption: a part of the engine that owns when
+the next admission pass runs (:meth:`Admitter.changed`, a recheck time) and the request whose
+sampler is being made (:attr:`Admitter.admitting`). The engine gives it the wait queue and the
+running list, which it moves requests between; the policy, which picks who goes and who gives
+way; the KV part (:class:`~hearth.engine.kv.KVSpace`), which counts and frees the cells; the
+stats; and how to finish and fail a request."""
 
 from __future__ import annotations
 
@@ -8,21 +11,54 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..policy.queue import WaitQueue
 from ..requests import Request
-from .base import ADMIT_RECHECK_S, BatchItem
+from ..scheduler import Policy
+from ..stats import Stats
+from .base import ADMIT_RECHECK_S, Backend, BatchItem, EngineConfig
+from .kv import KVSpace
 
 log = logging.getLogger("hearth.engine")
 
 
-class Admission:
+class Admitter:
     """Who gets a sequence and cells, who gives them up."""
 
+    def __init__(self, backend: Backend, cfg: EngineConfig, policy: Policy, stats: Stats,
+                 kv: KVSpace, waiting: WaitQueue, running: list[Request],
+                 finish: Callable[[Request, str, float], None],
+                 fail: Callable[..., None]):
+        self.b = backend
+        self.cfg = cfg
+        self.policy = policy
+        self.stats = stats
+        self.kv = kv
+        self.waiting = waiting
+        self.running = running  # the engine's list, changed in place by both
+        self._finish = finish  # retires the request with an end event (and calls changed)
+        self._fail = fail  # (r, message, now, status=500): retires it with an error event
+        # A pass runs when something it depends on changed (an arrival, a finish, a
+        # preemption, freed cells) or aging may have moved a class: not every iteration.
+        self._dirty = True
+        self._next = 0.0
+        self.admitting: Request | None = None  # the one whose sampler is being made
+
+    def changed(self) -> None:
+        """Something a pass depends on changed: the next :meth:`admit` looks again."""
+        self._dirty = True
+
+    def lost(self) -> Request | None:
+        """The backend's process died: returns the request whose sampler it was making."""
+        admitting, self.admitting = self.admitting, None
+        self._dirty = True
+        return admitting
+
     # -- admission and preemption -----------------------------------------------------------
-    def _admit(self, now: float) -> None:
-        if not self.waiting or (not self._admit_dirty and now < self._admit_next):
+    def admit(self, now: float) -> None:
+        if not self.waiting or (not self._dirty and now < self._next):
             return
-        self._admit_dirty = False
-        self._admit_next = now + ADMIT_RECHECK_S
+        self._dirty = False
+        self._next = now + ADMIT_RECHECK_S
         self.policy.begin_pass()
         blocked: Request | None = None  # the first waiting for cells: who may pass it, how
         may_displace: Callable[[Request], bool] | None = None  # once the slots are all taken
@@ -43,9 +79,9 @@ class Admission:
                     break
             if r.sampler is None:
                 try:
-                    self._admitting = r  # stays set if the worker dies making it
+                    self.admitting = r  # stays set if the worker dies making it
                     r.sampler = self.b.new_sampler(r.sampling)
-                    self._admitting = None
+                    self.admitting = None
                 except Exception as e:  # e.g. a grammar llama.cpp refuses: this request's fault
                     self._fail(r, f"cannot sample this request: {e}", now, status=400)
                     continue
@@ -63,33 +99,33 @@ class Admission:
                 victim = None
             entry, hit = self.kv.find(r.tokens)
             need = len(r.tokens) - hit + 1  # the uncached prompt and the first token's cell
-            if blocked is not None and (victim is not None or need > self.pool.free_cells):
+            if blocked is not None and (victim is not None or need > self.kv.pool.free_cells):
                 continue  # passing a request that waits takes only cells that are free
             if victim is not None:
-                if self._room(r, entry, hit, r.rank, now, victim) < need:
+                if self.room(r, entry, hit, r.rank, now, victim) < need:
                     break  # a slot without the cells: the victim's work would be lost for nothing
-                self._preempt(victim, now)
-            fits = self._make_room(r, need, entry, now, r.rank, hit)
+                self.preempt(victim, now)
+            fits = self.make_room(r, need, entry, now, r.rank, hit)
             if not fits and not self.running:
                 # Nothing else will ever free room: any prefix may go, its own hit too.
                 entry, hit, need = None, 0, len(r.tokens) + 1
-                fits = self._make_room(r, need, None, now, None)
+                fits = self.make_room(r, need, None, now, None)
             if not fits:
                 if not self.running:  # nothing will ever free room: refuse it
                     self._fail(r, "the KV cache cannot hold this prompt", now, status=400)
                     continue
                 blocked = r  # it waits for room; only a few of its class may pass it
                 continue
-            if entry is not None and entry.seq_id not in self.pool.entries:
+            if entry is not None and entry.seq_id not in self.kv.pool.entries:
                 # A preempted sequence's kept prefix superseded the hit: it serves as well.
-                entry, hit = self.pool.find(r.tokens)
+                entry, hit = self.kv.pool.find(r.tokens)
                 need = len(r.tokens) - hit + 1
-                if self.pool.free_cells < need:
+                if self.kv.pool.free_cells < need:
                     break
-            seq = self.pool.take_id()
+            seq = self.kv.pool.take_id()
             # Nothing running frees an id later: then any entry may go (not its hit).
             if seq is None and self.kv.free_id(entry, r.rank if self.running else None):
-                seq = self.pool.take_id()
+                seq = self.kv.pool.take_id()
             if seq is None:
                 break
             self.waiting.remove(r)
@@ -103,7 +139,7 @@ class Admission:
             if blocked is not None:
                 blocked.meta["_overtaken"] = blocked.meta.get("_overtaken", 0) + 1
 
-    def _make_room(self, r: Request, need: int, entry: Any, now: float,
+    def make_room(self, r: Request, need: int, entry: Any, now: float,
                    rank: int | None, hit: int = 0) -> bool:
         """Free ``need`` cells for ``r`` if that is possible keeping the ``hit`` tokens of its
         ``entry``: cached prefixes first (only as many as needed, in the pool's order, none a
@@ -111,22 +147,22 @@ class Admission:
         the rest), then running sequences of a lower class, lowest and newest first, and those
         only when they make enough room (preempting without admitting would throw their work
         away)."""
-        if self.pool.free_cells >= need:
+        if self.kv.pool.free_cells >= need:
             return True
-        if self._room(r, entry, hit, rank, now) < need:
+        if self.room(r, entry, hit, rank, now) < need:
             return False
         victims = self.policy.priority_victims(r, self.running, now)
         wanted = self.kv.wanted()
-        while self.pool.free_cells < need:
+        while self.kv.pool.free_cells < need:
             if self.kv.free_cache(entry, hit, rank, wanted):
                 continue
             victim = next((v for v in victims if v in self.running), None)
             if victim is None:
                 return False
-            self._preempt(victim, now)
+            self.preempt(victim, now)
         return True
 
-    def _room(self, r: Request, entry: Any, hit: int, rank: int | None, now: float,
+    def room(self, r: Request, entry: Any, hit: int, rank: int | None, now: float,
               also: Request | None = None) -> int:
         """The cells ``r`` could have, keeping ``hit`` tokens of ``entry``: free ones, those
         evicting and trimming prefixes frees once the lower classes ``r`` may preempt (and
@@ -137,12 +173,12 @@ class Admission:
             victims = [*victims, also]
         return self.kv.room(entry, hit, rank, victims)
 
-    def _preempt(self, victim: Request, now: float, keep_kv: bool = True) -> None:
+    def preempt(self, victim: Request, now: float, keep_kv: bool = True) -> None:
         """The victim waits again with every token it has (prompt + generated). Its computed
         cells stay as a cached prefix where the pool keeps them (given up like any other under
         pressure), so on resume it recomputes only what was lost, and its stream continues
         where it stopped."""
-        self._admit_dirty = True
+        self._dirty = True
         self.running.remove(victim)
         if keep_kv and self.cfg.prefix_cache and victim.n_past > 0:
             self.kv.keep(victim)
@@ -154,7 +190,7 @@ class Admission:
         self.stats.record_preemption(victim.cls)
         log.debug("preempted request %s (%s)", victim.id, victim.cls)
 
-    def _fit(self, items: list[BatchItem], now: float) -> list[BatchItem]:
+    def fit(self, items: list[BatchItem], now: float) -> list[BatchItem]:
         """Line 2 of the protocol: the cells the batch needs beyond its reservations (a decode
         token each, past the first) must be free before llama_decode runs. Cached prefixes go
         first, then the lowest-class, newest sequence (its cells kept as a prefix, given up
@@ -165,7 +201,7 @@ class Admission:
         def extra() -> int:
             return sum(max(0, it.n - it.req.reserved) for it in items)
 
-        while items and extra() > self.pool.free_cells:
+        while items and extra() > self.kv.pool.free_cells:
             # Growing lower-class streams preempt one of their own before they cost a higher
             # class its cached prefix; the best class that needs a cell decides.
             rank = min(it.req.rank for it in items if it.n > it.req.reserved)
@@ -183,25 +219,25 @@ class Admission:
                         self._finish(it.req, "length", now)
                 items = [it for it in items if not it.req.finished]
                 break
-            self._preempt(victim, now)
+            self.preempt(victim, now)
             items = [it for it in items if it.req is not victim]
         return items
 
-    def _out_of_kv(self, items: list[BatchItem], now: float) -> None:
+    def out_of_kv(self, items: list[BatchItem], now: float) -> None:
         """llama_decode found no KV slot although the accounting said the batch fits (it should
         not happen: the pool may fragment differently): give up cached prefixes, then the
         lowest-class, newest running sequence. Nothing of this batch was kept by llama.cpp."""
         needed = sum(it.n for it in items)
         log.warning("llama_decode found no room for a batch of %d tokens with %d cells "
-                    "counted free", needed, self.pool.free_cells)
-        self._admit_dirty = True
+                    "counted free", needed, self.kv.pool.free_cells)
+        self._dirty = True
         if self.kv.evict_entry():
-            while self.pool.free_cells < needed and self.kv.evict_entry():
+            while self.kv.pool.free_cells < needed and self.kv.evict_entry():
                 pass
             return
         victim = self.policy.memory_victim(self.running)
         if victim is not None and len(self.running) > 1:
-            self._preempt(victim, now, keep_kv=False)  # its cells may be what did not fit
+            self.preempt(victim, now, keep_kv=False)  # its cells may be what did not fit
             return
         newest = self.policy.exhausted_victim(self.running)
         self._fail(newest, "the KV cache is exhausted", now, status=503)

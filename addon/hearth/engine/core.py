@@ -1,7 +1,7 @@
 """One iteration of the engine over its backend: submission, batch composition, decoding,
-sampling and retiring. Admission lives in :mod:`.admission`; the KV cache's accounting
-(:mod:`.kv`) and embeddings (:mod:`.embeddings`) are parts with their own state; what other
-threads may read of it is in :mod:`.view`."""
+sampling and retiring. Admission and preemption (:mod:`.admission`), the KV cache's accounting
+(:mod:`.kv`), batch composition (:mod:`.batching`) and embeddings (:mod:`.embeddings`) are
+parts with their own state; what other threads may read of it is in :mod:`.view`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..policy.queue import WaitQueue
 from ..requests import Event, Request, StopMatcher
 from ..scheduler import Policy, PolicyConfig
 from ..stats import Stats
-from .admission import Admission
+from .admission import Admitter
 from .base import Backend, BatchItem, EngineConfig, RequestError
 from .batching import BatchComposer
 from .compaction import Compaction
@@ -30,7 +30,7 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Admission, Compaction, Persistence, Recovery, View):
+class EngineCore(Compaction, Persistence, Recovery, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -41,8 +41,7 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
         # The KV cache's accounting and memory calls; it spares the prefixes the next waiting
         # requests want, looked up once per decode.
         self.kv = KVSpace(backend, self.cfg, self.waiting, lambda: self.stats.iterations)
-        self.running: list[Request] = []
-        self._admitting: Request | None = None  # the one whose sampler is being made
+        self.running: list[Request] = []  # never replaced: the parts hold it
         self.lock = threading.RLock()  # guards the inbox, queue counts and snapshots
         self.wakeup = threading.Event()
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -52,10 +51,8 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
         self.arbiter: Any = None  # set when other engines share the accelerator
-        # Admission runs when something it depends on changed (an arrival, a finish, a
-        # preemption, freed cells) or aging may have moved a class: not every iteration.
-        self._admit_dirty = True
-        self._admit_next = 0.0
+        self.admitter = Admitter(backend, self.cfg, self.policy, self.stats, self.kv,
+                                 self.waiting, self.running, self._finish, self._fail)
         self.batcher = BatchComposer(backend, self.cfg, self.policy)
         self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self.outbox.emit,
                                  self._fail, self.batcher.target)
@@ -156,7 +153,8 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
         requests = {r.id: r for r in [*pending, *self.waiting, *self.running,
                                       *self.embed_waiting]}
         self.waiting.clear()
-        self.running, self.embedder.waiting = [], []
+        self.running.clear()
+        self.embedder.waiting = []
         for r in requests.values():
             try:
                 r.sink([Event("error", message=message, status=503)])
@@ -185,8 +183,8 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
     def _iterate(self) -> bool:
         now = self.b.now()
         self._drain_inbox(now)
-        self._admit(now)
-        items = self._fit(self._build_batch(now), now)
+        self.admitter.admit(now)
+        items = self.admitter.fit(self._build_batch(now), now)
         embed = self.embedder.should_run(items, self.waiting.best_rank(), bool(self.waiting),
                                          now)
         if not items and not embed:
@@ -223,7 +221,7 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
             items = list(self._inbox)
             self._inbox.clear()
         if items:
-            self._admit_dirty = True
+            self.admitter.changed()
         for kind, x in items:
             if kind == "add":
                 r: Request = x
@@ -280,7 +278,7 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
             self.cost.observe(len(tokens), t1 - t0, attended)
             self._after_decode(items, sampled, t1)
         elif status == 1:
-            self._out_of_kv(items, t1)
+            self.admitter.out_of_kv(items, t1)
         elif status == 2:
             self.stats.aborted_iterations += 1
             self._after_abort(items)
@@ -380,7 +378,7 @@ class EngineCore(Admission, Compaction, Persistence, Recovery, View):
         self.outbox.emit(r, Event("error", message=message, status=status))
 
     def _retire(self, r: Request) -> None:
-        self._admit_dirty = True  # a slot, cells or a class's share may have come free
+        self.admitter.changed()  # a slot, cells or a class's share may have come free
         if r in self.waiting:
             self.waiting.remove(r)
         self.embedder.remove(r)

@@ -32,7 +32,7 @@ class Recovery:
         no stream, and the one that fails alone is the one answered with the error."""
         log.warning("llama_decode failed with status %d for a batch of %d sequences", status,
                     len(items))
-        self._admit_dirty = True
+        self.admitter.changed()
         for it in items:
             if it.req.seq_id is not None:
                 self.b.seq_rm(it.req.seq_id, it.start, -1)
@@ -56,7 +56,7 @@ class Recovery:
         with self.lock:
             self._inflight = None
         self.outbox.flush()  # tokens sampled before the death reach their streams first
-        admitting, self._admitting = self._admitting, None
+        admitting = self.admitter.lost()
         begun = [r for r in self.waiting if r.first_admitted_at is not None]
         embedding = self.embedder.computing
         computing = [*self.running, *([embedding] if embedding else [])]
@@ -79,13 +79,12 @@ class Recovery:
             self.outbox.forget(r)
             self.policy.user_left(r.user)
             self.stats.record_finished(r, now)
-        self.running = []
+        self.running.clear()
         self._suspects = []
         for r in self.waiting:
             r.sampler = None  # made in the dead worker: a new one at admission
         self.embedder.lost()  # the rest are computed again from their first input
         self.kv.lost()  # the cache's history outlives the cells it held
         self._persisted = ()  # the next idle moment saves what the new worker holds
-        self._admit_dirty = True
         self._publish()
         return lost, suspects
