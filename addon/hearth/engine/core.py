@@ -16,7 +16,7 @@ from ..requests import Event, Request, StopMatcher
 from ..scheduler import Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admitter
-from .base import Backend, BatchItem, EngineConfig, RequestError
+from .base import Backend, BatchItem, EngineConfig, RequestError, WorkerLost
 from .batching import BatchComposer
 from .compaction import Compaction
 from .cost import CostModel, attention
@@ -30,7 +30,7 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Compaction, Persistence, Recovery, View):
+class EngineCore(Compaction, Persistence, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -46,7 +46,6 @@ class EngineCore(Compaction, Persistence, Recovery, View):
         self.wakeup = threading.Event()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._inflight: tuple[int, int] | None = None  # (best prefill rank, prefill tokens)
-        self._suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
         self.outbox = Outbox()  # events for the sinks, delivered after each iteration
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
@@ -56,6 +55,8 @@ class EngineCore(Compaction, Persistence, Recovery, View):
         self.batcher = BatchComposer(backend, self.cfg, self.policy)
         self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self.outbox.emit,
                                  self._fail, self.batcher.target)
+        self.recovery = Recovery(backend, self.policy, self.stats, self.outbox, self.waiting,
+                                 self.running, self.embedder, self._fail, self.admitter.changed)
         self._publish()
 
     @property
@@ -161,6 +162,20 @@ class EngineCore(Compaction, Persistence, Recovery, View):
             except Exception:  # one broken sink must not keep the others waiting
                 log.exception("could not tell request %d that the engine stopped", r.id)
 
+    def worker_lost(self, why: WorkerLost) -> tuple[list[Request], list[Request]]:
+        """Forget the dead worker's state: each part forgets its own. Returns the requests it
+        was serving, taken out of the engine, and the suspects among them
+        (:meth:`~hearth.engine.recovery.Recovery.worker_lost`)."""
+        with self.lock:
+            self._inflight = None
+        self.outbox.flush()  # tokens sampled before the death reach their streams first
+        lost, suspects = self.recovery.worker_lost(why, self.admitter.lost())
+        self.embedder.lost()  # the rest are computed again from their first input
+        self.kv.lost()  # the cache's history outlives the cells it held
+        self._persisted = ()  # the next idle moment saves what the new worker holds
+        self._publish()
+        return lost, suspects
+
     def has_work(self) -> bool:
         return bool(self._inbox or self.waiting or self.running or self.embed_waiting)
 
@@ -204,10 +219,10 @@ class EngineCore(Compaction, Persistence, Recovery, View):
 
     def _build_batch(self, now: float) -> list[BatchItem]:
         """After a failed decode, its sequences go one at a time until each has decoded once
-        (:meth:`~hearth.engine.recovery.Recovery._decode_failed`); else the composer's batch."""
-        self._suspects = [r for r in self._suspects if r in self.running]
-        if self._suspects:
-            return self.batcher.alone(self._suspects[0], self._bounded())
+        (:meth:`~hearth.engine.recovery.Recovery.decode_failed`); else the composer's batch."""
+        alone = self.recovery.next_alone()
+        if alone is not None:
+            return self.batcher.alone(alone, self._bounded())
         return self.batcher.compose(self.running, now, self._bounded())
 
     def _bounded(self) -> bool:
@@ -273,8 +288,7 @@ class EngineCore(Compaction, Persistence, Recovery, View):
         self.last_iteration = {"tokens": len(tokens), "prefill": prefill_tokens,
                                "seconds": t1 - t0, "status": status}
         if status == 0:
-            if self._suspects and self._suspects[0] is items[0].req:
-                self._suspects.pop(0)  # it decoded alone: not the one that fails
+            self.recovery.decoded(items[0].req)
             self.cost.observe(len(tokens), t1 - t0, attended)
             self._after_decode(items, sampled, t1)
         elif status == 1:
@@ -283,7 +297,7 @@ class EngineCore(Compaction, Persistence, Recovery, View):
             self.stats.aborted_iterations += 1
             self._after_abort(items)
         else:
-            self._decode_failed(items, status, t1)
+            self.recovery.decode_failed(items, status, t1)
 
     def _after_decode(self, items: list[BatchItem], sampled: list[int], now: float) -> None:
         prompt_done = generated = 0

@@ -1,19 +1,24 @@
-"""When a decode fails or the backend's process dies (part of
-:class:`~hearth.engine.core.EngineCore`). A failed decode is undone and its sequences retried
-one at a time, so only one that fails alone is answered with an error. A dead process's KV
-cache and samplers are gone with it: what was being computed is handed back to be answered;
-what had not begun waits for the next worker."""
+"""When a decode fails or the backend's process dies: a part of the engine that owns the
+suspects of a failed decode (the requests still to decode alone, in turn). A failed decode is
+undone and its sequences retried one at a time, so only one that fails alone is answered with an
+error. A dead process's KV cache and samplers are gone with it: what was being computed is
+handed back to be answered; what had not begun waits for the next worker. The engine gives it
+the backend, the policy (the retry order), the stats, the outbox, the wait queue, the running
+list and the embedder (whose requests it takes out), how to fail a request and how to tell
+admission that something changed; the other parts forget their own state (``lost``)."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from ..policy.queue import WaitQueue
 from ..requests import Request
-
-if TYPE_CHECKING:
-    from .base import BatchItem, WorkerLost
-    from .core import EngineCore
+from ..scheduler import Policy
+from ..stats import Stats
+from .base import Backend, BatchItem, WorkerLost
+from .embeddings import Embedder
+from .outbox import Outbox
 
 log = logging.getLogger("hearth.engine")
 
@@ -23,40 +28,62 @@ SOLO_TRIES = 2
 
 
 class Recovery:
-    def _decode_failed(self: EngineCore, items: list[BatchItem], status: int,
-                       now: float) -> None:
+    def __init__(self, backend: Backend, policy: Policy, stats: Stats, outbox: Outbox,
+                 waiting: WaitQueue, running: list[Request], embedder: Embedder,
+                 fail: Callable[[Request, str, float], None], changed: Callable[[], None]):
+        self.b = backend
+        self.policy = policy
+        self.stats = stats
+        self.outbox = outbox
+        self.waiting = waiting
+        self.running = running  # the engine's list, changed in place
+        self.embedder = embedder
+        self._fail = fail  # answers with an error and retires the request
+        self._changed = changed  # admission looks again
+        self.suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
+
+    def next_alone(self) -> Request | None:
+        """The suspect of a failed decode to decode alone next (while it still runs)."""
+        if not self.suspects:
+            return None
+        self.suspects = [r for r in self.suspects if r in self.running]
+        return self.suspects[0] if self.suspects else None
+
+    def decoded(self, first: Request) -> None:
+        """A decode whose first item was ``first`` succeeded."""
+        if self.suspects and self.suspects[0] is first:
+            self.suspects.pop(0)  # it decoded alone: not the one that fails
+
+    def decode_failed(self, items: list[BatchItem], status: int, now: float) -> None:
         """llama_decode failed part-way (a kernel, an allocation): the micro-batches it
         finished stay in the KV cache, counted nowhere. Clear them, so the accounting stays the
         cache's, and let the batch's sequences decode alone, one at a time, until each has once
-        (:meth:`~hearth.engine.core.EngineCore._build_batch`): a transient failure costs
-        no stream, and the one that fails alone is the one answered with the error."""
+        (:meth:`next_alone`): a transient failure costs no stream, and the one that fails alone
+        is the one answered with the error."""
         log.warning("llama_decode failed with status %d for a batch of %d sequences", status,
                     len(items))
-        self.admitter.changed()
+        self._changed()
         for it in items:
             if it.req.seq_id is not None:
                 self.b.seq_rm(it.req.seq_id, it.start, -1)
         reqs = list({id(it.req): it.req for it in items}.values())
-        if len(reqs) == 1 and self._suspects and self._suspects[0] is reqs[0]:
+        if len(reqs) == 1 and self.suspects and self.suspects[0] is reqs[0]:
             r = reqs[0]
             r.meta["_failed_alone"] = r.meta.get("_failed_alone", 0) + 1
             if r.meta["_failed_alone"] >= SOLO_TRIES:
-                self._suspects.pop(0)
+                self.suspects.pop(0)
                 self._fail(r, f"llama_decode failed with status {status}", now)
             return
-        if not self._suspects:
-            self._suspects = self.policy.retry_order(reqs)
+        if not self.suspects:
+            self.suspects = self.policy.retry_order(reqs)
 
-    def worker_lost(self: EngineCore, why: WorkerLost) -> tuple[list[Request], list[Request]]:
-        """Forget the dead worker's state. Returns the requests it was serving (running,
-        preempted after they began answering, the embedding request under way, the one whose
-        sampler it was making), taken out of the engine for whoever supervises the worker to
-        answer, and of those the suspects: the one it was sampling for or making a sampler
-        for, else all it was computing."""
-        with self.lock:
-            self._inflight = None
-        self.outbox.flush()  # tokens sampled before the death reach their streams first
-        admitting = self.admitter.lost()
+    def worker_lost(self, why: WorkerLost,
+                    admitting: Request | None) -> tuple[list[Request], list[Request]]:
+        """Take out of the engine the requests the dead worker was serving (running, preempted
+        after they began answering, the embedding request under way, ``admitting``: the one
+        whose sampler it was making), for whoever supervises the worker to answer. Returns them
+        and of those the suspects: the one it was sampling for or making a sampler for, else
+        all it was computing. The requests left waiting get new samplers at admission."""
         begun = [r for r in self.waiting if r.first_admitted_at is not None]
         embedding = self.embedder.computing
         computing = [*self.running, *([embedding] if embedding else [])]
@@ -80,11 +107,7 @@ class Recovery:
             self.policy.user_left(r.user)
             self.stats.record_finished(r, now)
         self.running.clear()
-        self._suspects = []
+        self.suspects = []
         for r in self.waiting:
             r.sampler = None  # made in the dead worker: a new one at admission
-        self.embedder.lost()  # the rest are computed again from their first input
-        self.kv.lost()  # the cache's history outlives the cells it held
-        self._persisted = ()  # the next idle moment saves what the new worker holds
-        self._publish()
         return lost, suspects
