@@ -9,17 +9,21 @@ cells: once work has freed cells below the cached ones, the idle engine saves ea
 entries (a prefix and those sharing its cells), clears it, and restores it parents first, so
 entries still share the cells they shared (a child's own cells travel through a spare sequence
 id); between families it stops for an arriving request. Accounting does not change.
+
+A part of the engine that owns no state of its own: what it changes is the KV part's pool (its
+cells' places, ``high_water``, ``packings``). The engine gives it the backend, the KV part,
+whether packing is on, and two questions: whether the engine has work (then it does not
+start) and whether a request arrived (then it stops between families).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..prefix_index import PrefixEntry
-
-if TYPE_CHECKING:
-    from .core import EngineCore
+from .base import Backend
+from .kv import KVSpace
 
 log = logging.getLogger("hearth.engine")
 
@@ -28,12 +32,20 @@ log = logging.getLogger("hearth.engine")
 COMPACT_MIN_FREED = 512
 
 
-class Compaction:
-    def _maybe_compact(self: EngineCore) -> bool:
+class Packer:
+    def __init__(self, backend: Backend, kv: KVSpace, enabled: bool,
+                 busy: Callable[[], bool], arrived: Callable[[], bool]):
+        self.b = backend
+        self.kv = kv
+        self.enabled = enabled
+        self._busy = busy  # the engine has work: no packing
+        self._arrived = arrived  # a request arrived: stop after the family under way
+
+    def maybe_compact(self) -> bool:
         """Pack the cached prefixes if the engine is idle and work has freed enough cells since
         the last packing. Returns whether it packed."""
-        pool = self.pool
-        if (not self.cfg.compact_prefix_cache or not pool.entries or self.has_work()
+        pool = self.kv.pool
+        if (not self.enabled or not pool.entries or self._busy()
                 or pool.high_water - pool.used_cells < COMPACT_MIN_FREED):
             return False
         spare = pool.take_id()
@@ -52,19 +64,19 @@ class Compaction:
                       pool.cached_cells, 1000 * (self.b.now() - t0))
         return done
 
-    def _compact(self: EngineCore, spare: int) -> tuple[bool, bool]:
+    def _compact(self, spare: int) -> tuple[bool, bool]:
         """Pack one family of entries (a prefix and those sharing its cells) at a time, and
         stop when a request arrives: what is packed stays packed, the rest where it was (the
         next idle moment goes on). Returns (whether any family moved, whether all were
         looked at)."""
         moved = False
-        for family in _families(list(self.pool.entries.values())):
-            if self._inbox:  # someone waits: packing is only an optimisation
+        for family in _families(list(self.kv.pool.entries.values())):
+            if self._arrived():  # someone waits: packing is only an optimisation
                 return moved, False
             moved = self._pack(family, spare) or moved
         return moved, True
 
-    def _pack(self: EngineCore, order: list[PrefixEntry], spare: int) -> bool:
+    def _pack(self, order: list[PrefixEntry], spare: int) -> bool:
         """Save a family's cells, clear them, restore them parents first into the lowest free
         cells. Returns False if an entry could not be saved (then nothing changed)."""
         saved: list[tuple[PrefixEntry, int, object]] = []
@@ -97,13 +109,13 @@ class Compaction:
                 lost.add(e)
         for e in reversed(order):  # children first: a lost entry's children are lost too
             if e in lost:
-                self.kv.drop(self.pool.forget(e))
+                self.kv.drop(self.kv.pool.forget(e))
         if lost:
             log.warning("%d cached prefixes could not be restored while packing the KV cache; "
                         "they will be recomputed when needed", len(lost))
         return True
 
-    def _restore(self: EngineCore, e: PrefixEntry, start: int, data: object, spare: int) -> bool:
+    def _restore(self, e: PrefixEntry, start: int, data: object, spare: int) -> bool:
         if not start:
             return self.b.seq_state_set(e.seq_id, data)
         if not self.b.seq_state_set(spare, data):

@@ -18,7 +18,7 @@ from ..stats import Stats
 from .admission import Admitter
 from .base import Backend, BatchItem, EngineConfig, RequestError, WorkerLost
 from .batching import BatchComposer
-from .compaction import Compaction
+from .compaction import Packer
 from .cost import CostModel, attention
 from .embeddings import Embedder
 from .kv import KVSpace
@@ -30,7 +30,7 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Compaction, Persistence, View):
+class EngineCore(Persistence, View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -57,6 +57,8 @@ class EngineCore(Compaction, Persistence, View):
                                  self._fail, self.batcher.target)
         self.recovery = Recovery(backend, self.policy, self.stats, self.outbox, self.waiting,
                                  self.running, self.embedder, self._fail, self.admitter.changed)
+        self.packer = Packer(backend, self.kv, self.cfg.compact_prefix_cache, self.has_work,
+                             lambda: bool(self._inbox))
         self._publish()
 
     @property
@@ -182,7 +184,7 @@ class EngineCore(Compaction, Persistence, View):
     def idle(self) -> bool:
         """Called by the engine thread when it has no work: housekeeping that must not hold up
         a request. Returns whether it did any."""
-        done = self._maybe_compact() or self._maybe_persist()
+        done = self.packer.maybe_compact() or self._maybe_persist()
         if done:
             self._publish()
         return done
