@@ -48,16 +48,20 @@ def schema_to_openapi(
     return _to_openapi(schema, custom_serializer=custom_serializer, **_OPENAPI_ARGS)
 
 
-def tool_result_message(content: Any) -> dict[str, Any]:
-    """What a tool answered, as the model should read it: ``{"data": ..., "error": ...}``.
+def tool_result_data(content: Any) -> Any:
+    """What a tool answered, as its tool made it (an intent's keeps ``.original``).
 
     Current releases hand an ``llm.ToolResult`` in ``ToolResultContent.result``; older ones a
     plain JSON object in ``tool_result`` (deprecated since).
     """
     result: Any = getattr(content, "result", None)
-    if hasattr(result, "data"):
-        return {"data": result.data, "error": bool(getattr(result, "error", False))}
-    return {"data": content.tool_result, "error": False}
+    return result.data if hasattr(result, "data") else content.tool_result
+
+
+def tool_result_message(content: Any) -> dict[str, Any]:
+    """What a tool answered, as the model should read it: ``{"data": ..., "error": ...}``."""
+    result: Any = getattr(content, "result", None)
+    return {"data": tool_result_data(content), "error": bool(getattr(result, "error", False))}
 
 
 # A device's parent is named by its registry id (`via_device_id`) since 2026.10; before, by its

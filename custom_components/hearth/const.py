@@ -30,6 +30,7 @@ CONF_MAX_HISTORY: Final = "max_history"
 CONF_CLASS_POLICY: Final = "class_policy"
 CONF_REQUEST_CLASS: Final = "request_class"
 CONF_MODEL: Final = "model"
+CONF_CONFIRM_ACTIONS: Final = "confirm_actions"
 # The subentry's model option when it leaves the model to the server: each class's own.
 MODEL_CLASS_DEFAULT: Final = "class_default"
 
@@ -47,6 +48,7 @@ RECOMMENDED_CONVERSATION_OPTIONS: Final = {
     CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
     CONF_CLASS_POLICY: CLASS_POLICY_AUTO,
     CONF_MODEL: MODEL_CLASS_DEFAULT,
+    CONF_CONFIRM_ACTIONS: True,
 }
 RECOMMENDED_AI_TASK_OPTIONS: Final = {
     CONF_REQUEST_CLASS: DEFAULT_AI_TASK_CLASS,

@@ -12,7 +12,13 @@ from homeassistant.helpers import llm
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .compat import agent_llm_context, apis_require_admin
-from .const import CLASS_POLICY_AUTO, CONF_CLASS_POLICY, CONF_PROMPT, DOMAIN
+from .const import (
+    CLASS_POLICY_AUTO,
+    CONF_CLASS_POLICY,
+    CONF_CONFIRM_ACTIONS,
+    CONF_PROMPT,
+    DOMAIN,
+)
 from .entity import HearthBaseLLMEntity, warm_up_body
 from .warm import PromptWarmer, heard_store
 
@@ -173,6 +179,7 @@ class HearthConversationEntity(
             chat_log,
             request_class=request_class,
             user=fairness_key_for(user_input),
+            confirm_actions=options.get(CONF_CONFIRM_ACTIONS, True),
         )
         return conversation.async_get_result_from_chat_log(user_input, chat_log)
 

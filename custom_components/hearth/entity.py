@@ -17,6 +17,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
+from .confirm import action_confirmation
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -205,8 +206,11 @@ class HearthBaseLLMEntity(Entity):
         structure_name: str | None = None,
         structure: vol.Schema | None = None,
         max_tokens: int | None = None,
+        confirm_actions: bool = False,
     ) -> None:
-        """Answer the chat log, running the tools the model calls (up to 10 rounds)."""
+        """Answer the chat log, running the tools the model calls (up to 10 rounds). With
+        ``confirm_actions``, a turn whose calls all did what was asked ends with Home
+        Assistant's own confirmation instead of a second model turn (:mod:`.confirm`)."""
         options = self.subentry.data
         data = self.entry.runtime_data
 
@@ -266,4 +270,9 @@ class HearthBaseLLMEntity(Entity):
                 ) from err
 
             if not chat_log.unresponded_tool_results:
+                break
+            if confirm_actions and (said := await action_confirmation(self.hass, chat_log)):
+                chat_log.async_add_assistant_content_without_tools(
+                    conversation.AssistantContent(agent_id=self.entity_id, content=said)
+                )
                 break

@@ -9,6 +9,7 @@ from homeassistant.const import CONF_LLM_HASS_API, CONF_NAME
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import llm
 from homeassistant.helpers.selector import (
+    BooleanSelector,
     NumberSelector,
     NumberSelectorConfig,
     NumberSelectorMode,
@@ -24,6 +25,7 @@ from .compat import vol
 from .const import (
     CLASS_POLICY_AUTO,
     CONF_CLASS_POLICY,
+    CONF_CONFIRM_ACTIONS,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_MODEL,
@@ -161,6 +163,7 @@ def _options_schema(
             vol.Required(CONF_MAX_HISTORY): NumberSelector(
                 NumberSelectorConfig(min=0, max=1000, step=1, mode=NumberSelectorMode.BOX)
             ),
+            vol.Required(CONF_CONFIRM_ACTIONS, default=True): BooleanSelector(),
             vol.Required(CONF_CLASS_POLICY, default=CLASS_POLICY_AUTO): SelectSelector(
                 SelectSelectorConfig(
                     options=[CLASS_POLICY_AUTO, *GENERATION_CLASSES],

@@ -13,6 +13,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.hearth.const import (
     CONF_CLASS_POLICY,
+    CONF_CONFIRM_ACTIONS,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_PROMPT,
@@ -43,6 +44,7 @@ async def test_subentry_flows(hass: HomeAssistant, fake_entry: MockConfigEntry) 
             CONF_TEMPERATURE: 0.5,
             CONF_MAX_HISTORY: 5.0,
             CONF_CLASS_POLICY: "voice",
+            CONF_CONFIRM_ACTIONS: False,
         },
     )
     assert result["type"] is FlowResultType.CREATE_ENTRY
@@ -54,6 +56,7 @@ async def test_subentry_flows(hass: HomeAssistant, fake_entry: MockConfigEntry) 
         CONF_TEMPERATURE: 0.5,
         CONF_MAX_HISTORY: 5,
         CONF_CLASS_POLICY: "voice",
+        CONF_CONFIRM_ACTIONS: False,
     }
     await hass.async_block_till_done()
 

@@ -19,7 +19,12 @@ from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
-from custom_components.hearth.const import CALL_HINT, CLASS_HEADER, CONF_MAX_HISTORY
+from custom_components.hearth.const import (
+    CALL_HINT,
+    CLASS_HEADER,
+    CONF_CONFIRM_ACTIONS,
+    CONF_MAX_HISTORY,
+)
 
 from .conftest import (
     CONVERSATION_OPTIONS,
@@ -34,6 +39,9 @@ from .conftest import (
 )
 
 pytestmark = pytest.mark.ha
+
+# An agent that always asks the model again after its tools ran.
+TWO_TURNS = {**CONVERSATION_OPTIONS, CONF_LLM_HASS_API: ["assist"], CONF_CONFIRM_ACTIONS: False}
 
 
 @pytest.fixture
@@ -53,14 +61,14 @@ async def kitchen_light(hass: HomeAssistant) -> str:
 async def test_tool_call_turns_the_light_on(
     hass: HomeAssistant,
     fake_hearth: FakeHearth,
-    fake_entry: MockConfigEntry,
     kitchen_light: str,
     hass_admin_user: MockUser,
 ) -> None:
     """The model calls HassTurnOn, the light turns on, the result goes back to the model and
-    its final answer is spoken."""
+    its final answer is spoken (actions not confirmed by Home Assistant's own sentence)."""
     assert hass.states.get(kitchen_light).state == STATE_OFF
-    agent_id = entity_of(hass, fake_entry, "conversation")
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
+    agent_id = entity_of(hass, entry, "conversation")
 
     result = await conversation.async_converse(
         hass,
@@ -94,6 +102,56 @@ async def test_tool_call_turns_the_light_on(
     assert tool_answer["error"] is False
     assert tool_answer["data"]["response_type"] == "action_done"
     assert tool_answer["data"]["data"]["success"]
+
+
+@pytest.mark.parametrize(
+    ("language", "speech"), [("en", "Turned on the switch."), ("de", None)]
+)
+async def test_a_done_action_is_confirmed_without_a_second_model_turn(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+    language: str,
+    speech: str | None,
+) -> None:
+    """When every call did what was asked, the turn ends with what Home Assistant's own agent
+    says for the intent, in the turn's language, and the model is asked once (issue 30)."""
+    result = await conversation.async_converse(
+        hass, "Turn on the kitchen light", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, fake_entry, "conversation"), language=language,
+    )
+
+    assert hass.states.get(kitchen_light).state == STATE_ON
+    said = result.response.speech["plain"]["speech"]
+    assert len(fake_hearth.chat_requests) == 1
+    if speech is not None:
+        assert said == speech
+    else:  # another language's own sentence, not English's, nor the model's
+        assert said and said not in ("Turned on the switch.", "The kitchen light is on.")
+
+
+async def test_a_failed_action_goes_back_to_the_model(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    kitchen_light: str,
+    hass_admin_user: MockUser,
+) -> None:
+    """A call Home Assistant could not carry out is not confirmed: its result goes back to the
+    model, which answers."""
+    fake_hearth.chat_handler = lambda body: tool_call_script(body, {"name": "Garage door"})
+    result = await conversation.async_converse(
+        hass, "Open the garage door", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+
+    assert hass.states.get(kitchen_light).state == STATE_OFF
+    assert len(fake_hearth.chat_requests) == 2
+    assert result.response.speech["plain"]["speech"] == "The kitchen light is on."
+    _, second = fake_hearth.chat_requests[1]
+    assert second["messages"][-1]["role"] == "tool"
 
 
 class _ShadowAPI(llm.API):
@@ -131,7 +189,7 @@ async def test_namespaced_tools_from_two_apis(
     entry = await async_setup_hearth(
         hass,
         fake_hearth.url,
-        conversation={**CONVERSATION_OPTIONS, CONF_LLM_HASS_API: ["assist", "shadow"]},
+        conversation={**TWO_TURNS, CONF_LLM_HASS_API: ["assist", "shadow"]},
     )
     result = await conversation.async_converse(
         hass, "Turn on the kitchen light", None, Context(user_id=hass_admin_user.id),
@@ -291,10 +349,11 @@ async def test_exposed_names_go_once_to_a_server_that_takes_sets(
 async def test_tool_loop_is_bounded(
     hass: HomeAssistant,
     fake_hearth: FakeHearth,
-    fake_entry: MockConfigEntry,
     kitchen_light: str,
 ) -> None:
-    """A model that keeps calling tools is stopped after ten rounds."""
+    """A model that keeps calling tools is stopped after ten rounds (actions not confirmed by
+    Home Assistant: else the first call that works ends the turn)."""
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
     calls = 0
 
     def always_call(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -310,7 +369,7 @@ async def test_tool_loop_is_bounded(
     fake_hearth.chat_handler = always_call
     await conversation.async_converse(
         hass, "Turn it on forever", None, Context(),
-        agent_id=entity_of(hass, fake_entry, "conversation"),
+        agent_id=entity_of(hass, entry, "conversation"),
     )
     assert len(fake_hearth.chat_requests) == 10
 
