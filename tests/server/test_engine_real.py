@@ -369,7 +369,7 @@ def test_packed_prefix_cache_serves_the_same_continuations(model):
             r, s = req(t, cls="voice", max_tokens=4)
             core.submit(r)
             drain(core, [s])
-        assert core._evict_entry(None)  # the document: its cells below the turns come free
+        assert core.kv.evict_entry(None)  # the document: its cells below the turns come free
         assert core.idle() == pack and core.pool.packings == int(pack)
         r, s = req(turns[2], cls="voice", max_tokens=24)
         core.submit(r)

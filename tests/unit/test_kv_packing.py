@@ -87,7 +87,7 @@ def test_a_chain_of_voice_turns_still_shares_its_system_prompt_after_packing():
     core.submit(big)
     run_until(core, lambda: sbig.done is not None)
     voice_turns(core, b, 3, system)  # placed above the document's cells
-    assert core._evict_entry(None)  # the one-off document goes: its cells come free below
+    assert core.kv.evict_entry(None)  # the one-off document goes: its cells come free below
     shared = [e for e in core.pool.entries.values() if e.shared is not None]
     assert shared, "the turns share their system prompt"
     used, spanned = b.used, b.cells_spanned
@@ -127,7 +127,7 @@ def test_a_failed_packing_costs_at_most_the_entries_it_could_not_restore(backend
     core.submit(big)
     run_until(core, lambda: sbig.done is not None)
     voice_turns(core, b, 3, [9000 + i for i in range(500)])
-    assert core._evict_entry(None)
+    assert core.kv.evict_entry(None)
     before = set(core.pool.entries)
     core.idle()
     assert core.pool.used_cells == b.used
@@ -169,7 +169,7 @@ def test_an_arrival_stops_packing_after_the_family_under_way():
     run_until(core, lambda: sbig.done is not None)
     for k in range(5):
         voice_turns(core, b, 1, [9000 + 1000 * k + i for i in range(300)])
-    assert core._evict_entry(None)  # the document goes: its cells come free below the rest
+    assert core.kv.evict_entry(None)  # the document goes: its cells come free below the rest
     used = b.used
     b.arrival, sink = request(b, "voice", 20, 2, seed=7)
     assert core.idle() and core.pool.packings == 1

@@ -100,6 +100,27 @@ class RequestError(Exception):
         self.retry_after = retry_after
 
 
+def check_request(r: Request, backend: Backend) -> None:
+    """Raise RequestError for a prompt this model cannot take: empty or longer than its context
+    (generation), or an input empty or over the embedding limit."""
+    if r.kind == "generate":
+        if not r.prompt:
+            raise RequestError("the prompt is empty")
+        if len(r.prompt) >= backend.n_ctx_seq:
+            raise RequestError(
+                f"the prompt has {len(r.prompt)} tokens; this model's context holds "
+                f"{backend.n_ctx_seq}", status=400, code="context_length_exceeded")
+    else:
+        limit, _ = backend.embed_limits()
+        for p in r.prompt:
+            if not p:
+                raise RequestError("an embedding input is empty")
+            if len(p) > limit:  # type: ignore[arg-type]
+                raise RequestError(
+                    f"an embedding input has {len(p)} tokens; the limit is {limit}",
+                    code="context_length_exceeded")
+
+
 @dataclass
 class EngineConfig:
     latency_target_s: float = 0.06

@@ -8,29 +8,32 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future
 from typing import Any
 
 from ..kvcache import KVPool
 from ..policy.queue import WaitQueue
+from ..prefix_store import PrefixStore, Saved
 from ..requests import Event, Request, StopMatcher
 from ..scheduler import Policy, PolicyConfig
 from ..stats import Stats
 from .admission import Admitter
-from .base import Backend, BatchItem, EngineConfig, RequestError, WorkerLost
+from .base import Backend, BatchItem, EngineConfig, RequestError, WorkerLost, check_request
 from .batching import BatchComposer
 from .compaction import Packer
 from .cost import CostModel, attention
 from .embeddings import Embedder
 from .kv import KVSpace
 from .outbox import Outbox
-from .persistence import Persistence
+from .persistence import Persister
 from .recovery import Recovery
 from .view import View
 
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(Persistence, View):
+class EngineCore(View):
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -58,7 +61,8 @@ class EngineCore(Persistence, View):
         self.recovery = Recovery(backend, self.policy, self.stats, self.outbox, self.waiting,
                                  self.running, self.embedder, self._fail, self.admitter.changed)
         self.packer = Packer(backend, self.kv, self.cfg.compact_prefix_cache, self.has_work,
-                             lambda: bool(self._inbox))
+                             self._arrived)
+        self.persister = Persister(backend, self.kv, self.has_work, self._arrived)
         self._publish()
 
     @property
@@ -76,6 +80,26 @@ class EngineCore(Persistence, View):
         self.batcher.cost = cost
 
     @property
+    def store(self) -> PrefixStore | None:
+        """Where the prefix cache is saved (owned by :attr:`persister`)."""
+        return self.persister.store
+
+    @store.setter
+    def store(self, store: PrefixStore | None) -> None:
+        self.persister.store = store
+
+    def persist(self, force: bool = False) -> Future | None:
+        """Hand the prefixes not on disk yet to the store (:meth:`Persister.persist`)."""
+        return self.persister.persist(force)
+
+    def restore(self, saved: Iterable[Saved]) -> int:
+        """Put saved prefixes back before the engine thread starts (:meth:`Persister.restore`);
+        how many are back."""
+        n = self.persister.restore(saved)
+        self._publish()
+        return n
+
+    @property
     def embed_waiting(self) -> list[Request]:
         """Embedding requests waiting (owned by :attr:`embedder`)."""
         return self.embedder.waiting
@@ -88,28 +112,10 @@ class EngineCore(Persistence, View):
     def embed_cost(self, cost: CostModel) -> None:  # a new worker keeps what was measured
         self.embedder.cost = cost
 
-    def _evict_entry(self, avoid: Any = None, rank: int | None = None) -> bool:
-        return self.kv.evict_entry(avoid, rank)
-
     # -- any thread ------------------------------------------------------------------------
     def submit(self, r: Request) -> Request:
         """Queue a request. Raises RequestError for a prompt that cannot fit or a full queue."""
-        if r.kind == "generate":
-            if not r.prompt:
-                raise RequestError("the prompt is empty")
-            if len(r.prompt) >= self.b.n_ctx_seq:
-                raise RequestError(
-                    f"the prompt has {len(r.prompt)} tokens; this model's context holds "
-                    f"{self.b.n_ctx_seq}", status=400, code="context_length_exceeded")
-        else:
-            limit, _ = self.b.embed_limits()
-            for p in r.prompt:
-                if not p:
-                    raise RequestError("an embedding input is empty")
-                if len(p) > limit:  # type: ignore[arg-type]
-                    raise RequestError(
-                        f"an embedding input has {len(p)} tokens; the limit is {limit}",
-                        code="context_length_exceeded")
+        check_request(r, self.b)
         with self.lock:  # checked under the lock that fail_all takes: nothing slips past it
             if self.failed:
                 raise RequestError(self.failed, status=503, code="engine_failed")
@@ -174,17 +180,21 @@ class EngineCore(Persistence, View):
         lost, suspects = self.recovery.worker_lost(why, self.admitter.lost())
         self.embedder.lost()  # the rest are computed again from their first input
         self.kv.lost()  # the cache's history outlives the cells it held
-        self._persisted = ()  # the next idle moment saves what the new worker holds
+        self.persister.lost()
         self._publish()
         return lost, suspects
 
     def has_work(self) -> bool:
         return bool(self._inbox or self.waiting or self.running or self.embed_waiting)
 
+    def _arrived(self) -> bool:
+        """Whether a submission waits to be taken in (idle housekeeping stops for it)."""
+        return bool(self._inbox)
+
     def idle(self) -> bool:
         """Called by the engine thread when it has no work: housekeeping that must not hold up
         a request. Returns whether it did any."""
-        done = self.packer.maybe_compact() or self._maybe_persist()
+        done = self.packer.maybe_compact() or self.persister.maybe_persist()
         if done:
             self._publish()
         return done

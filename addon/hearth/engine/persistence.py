@@ -1,26 +1,30 @@
 """Saving the household's prompts from the prefix cache to disk, and putting them back at start
-(part of :class:`~hearth.engine.core.EngineCore`; the files are :mod:`hearth.prefix_store`'s).
+(the files are :mod:`hearth.prefix_store`'s).
 
 The engine thread copies the cells of the voice and chat entries out (llama.cpp's sequence
 state) while it is idle, at most every ``PERSIST_EVERY_S``, and once more when the server stops;
 the store writes them on its own thread. At start, before the server says it is ready, each
 saved prefix goes back into the KV cache as an entry of the class it served; a prefix that
 starts like one restored before shares that one's cells, as it did before the restart.
+
+A part of the engine that owns the store, when it last saved and the names it saved then. The
+engine gives it the backend, the KV part (whose pool's entries it saves and restores), and two
+questions: whether the engine has work (then it does not save) and whether a request arrived
+(then a save stops, what is on disk kept).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..prefix_index import INDEX_LEN, PrefixEntry
 from ..prefix_store import PrefixStore, Saved, name_for
-
-if TYPE_CHECKING:
-    from .core import EngineCore
+from .base import Backend
+from .kv import KVSpace
 
 log = logging.getLogger("hearth.engine")
 
@@ -28,20 +32,31 @@ PERSIST_EVERY_S = 60.0  # between saves while idle: a crash loses at most this m
 HEADER_BYTES = 512  # a file's header past its token ids, at most
 
 
-class Persistence:
-    store: PrefixStore | None = None
-    _persisted_at = float("-inf")
-    _persisted: tuple[str, ...] = ()
+class Persister:
+    def __init__(self, backend: Backend, kv: KVSpace, busy: Callable[[], bool],
+                 arrived: Callable[[], bool]):
+        self.b = backend
+        self.kv = kv
+        self._busy = busy  # the engine has work: no save
+        self._arrived = arrived  # a request arrived: it goes before the rest of a save
+        self.store: PrefixStore | None = None  # set once the server knows its model's folder
+        self._persisted_at = float("-inf")
+        self._persisted: tuple[str, ...] = ()  # the names of the entries saved last
 
-    def _to_persist(self: EngineCore) -> list[PrefixEntry]:
-        return self.pool.policy.by_worth(self.pool.entries.values())
+    def lost(self) -> None:
+        """A new worker: the next idle moment saves what it holds."""
+        self._persisted = ()
 
-    def _maybe_persist(self: EngineCore) -> bool:
-        if self.has_work() or self.b.now() - self._persisted_at < PERSIST_EVERY_S:
+    def _to_persist(self) -> list[PrefixEntry]:
+        pool = self.kv.pool
+        return pool.policy.by_worth(pool.entries.values())
+
+    def maybe_persist(self) -> bool:
+        if self._busy() or self.b.now() - self._persisted_at < PERSIST_EVERY_S:
             return False
         return self.persist() is not None
 
-    def persist(self: EngineCore, force: bool = False) -> Future | None:
+    def persist(self, force: bool = False) -> Future | None:
         """Hand the interactive entries not on disk yet to the store (in the engine thread, or
         once it stopped); None when there is nothing to do."""
         store = self.store
@@ -60,7 +75,7 @@ class Persistence:
         for i, (e, name) in enumerate(entries):
             size = store.on_disk.get(name)
             payload = None
-            if size is None and not force and self._inbox:
+            if size is None and not force and self._arrived():
                 # A request arrived: it goes first. What is on disk stays; the rest next time.
                 keep += [n for _, n in entries[i:] if n in store.on_disk]
                 return store.save(new, keep)
@@ -80,10 +95,10 @@ class Persistence:
         self._persisted = names
         return store.save(new, keep)
 
-    def restore(self: EngineCore, saved: Iterable[Saved]) -> int:
+    def restore(self, saved: Iterable[Saved]) -> int:
         """Put saved prefixes back into an empty pool, before the engine thread starts.
         Returns how many are back."""
-        pool = self.pool
+        pool = self.kv.pool
         now = t0 = self.b.now()
         peak = 0
         for s in saved:
@@ -118,5 +133,4 @@ class Persistence:
         self._persisted_at = now
         if self.store is not None:
             self.store.restored, self.store.restore_s = len(pool.entries), self.b.now() - t0
-        self._publish()
         return len(pool.entries)
