@@ -8,6 +8,7 @@ from sim_backend import SimBackend, request
 
 from hearth.engine.base import BatchItem, EngineConfig, WorkerLost
 from hearth.engine.embeddings import Embedder
+from hearth.engine.kv import KVSpace
 from hearth.engine.outbox import Outbox
 from hearth.engine.recovery import SOLO_TRIES, Recovery
 from hearth.policy.queue import WaitQueue
@@ -29,8 +30,10 @@ def recovery():
 
     running: list[Request] = []
     embedder = Embedder(b, EngineConfig(), policy, stats, outbox.emit, fail)
-    rec = Recovery(b, policy, stats, outbox, WaitQueue(), running, embedder, fail,
-                   lambda: changes.__setitem__(0, changes[0] + 1))
+    waiting = WaitQueue()
+    rec = Recovery(b, policy, stats, outbox, KVSpace(b, EngineConfig(), waiting, lambda: 0),
+                   waiting, running, embedder, fail,
+                   lambda: changes.__setitem__(0, changes[0] + 1), lambda *charged: None)
     return rec, b, failed, changes
 
 
@@ -88,3 +91,23 @@ def test_a_death_while_making_a_sampler_takes_out_the_begun_and_suspects_the_adm
     assert list(rec.waiting) == [fresh] and fresh.sampler is None and not fresh.finished
     assert rec.suspects == [] and set(rec.outbox.by_id) == {fresh.id}
     assert rec.stats.failed["chat"] + rec.stats.failed["voice"] == 3
+
+
+def test_a_decode_cut_short_keeps_the_finished_micro_batches_but_not_a_last_output():
+    rec, b, _, _ = recovery()
+    charged: list[tuple[int, int, int]] = []
+    rec._charge = lambda r, start, n, now: charged.append((r.id, start, n))
+    long, short = new(rec, b, "background", 1), new(rec, b, "chat", 2)
+    long.tokens = long.tokens * 15  # 300 tokens; the short one has 20
+    for r in (long, short):
+        r.seq_id = rec.kv.pool.take_id()
+        rec.kv.seat(r, r.seq_id, None, 0, len(r.tokens) + 1)
+    # llama.cpp finished the first micro-batch of 128 of the long prompt and all of the short.
+    b.decode(long.tokens[:128], list(range(128)), [long.seq_id] * 128, [False] * 128)
+    b.decode(short.tokens, list(range(20)), [short.seq_id] * 20, [False] * 19 + [True])
+    rec.after_abort([BatchItem(long, 0, 300, True), BatchItem(short, 0, 20, True)])
+    assert (long.n_past, long.prefilled_tokens) == (128, 128)
+    # The short prompt's last token is computed again: its logits were not kept.
+    assert short.n_past == 19 and b.seq_pos_max(short.seq_id) == 18
+    assert rec.kv.pool.used_cells == b.used == 128 + 19
+    assert charged == [(long.id, 0, 128), (short.id, 0, 19)]

@@ -1,7 +1,9 @@
-"""One iteration of the engine over its backend: submission, batch composition, decoding,
-sampling and retiring. Admission and preemption (:mod:`.admission`), the KV cache's accounting
-(:mod:`.kv`), batch composition (:mod:`.batching`) and embeddings (:mod:`.embeddings`) are
-parts with their own state; what other threads may read of it is in :mod:`.view`."""
+"""One iteration of the engine over its backend: submission, decoding, sampling and retiring.
+Its parts own their state and are given what they need: admission and preemption
+(:mod:`.admission`), the KV cache's accounting (:mod:`.kv`), batch composition
+(:mod:`.batching`), embeddings (:mod:`.embeddings`), failed, cut and lost decodes
+(:mod:`.recovery`), packing (:mod:`.compaction`) and saving (:mod:`.persistence`) the prefix
+cache, and what other threads may read (:mod:`.view`)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from .view import View
 log = logging.getLogger("hearth.engine")
 
 
-class EngineCore(View):
+class EngineCore:
     def __init__(self, backend: Backend, policy_cfg: PolicyConfig,
                  cfg: EngineConfig | None = None, stats: Stats | None = None):
         self.b = backend
@@ -58,21 +60,22 @@ class EngineCore(View):
         self.batcher = BatchComposer(backend, self.cfg, self.policy)
         self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self.outbox.emit,
                                  self._fail, self.batcher.target)
-        self.recovery = Recovery(backend, self.policy, self.stats, self.outbox, self.waiting,
-                                 self.running, self.embedder, self._fail, self.admitter.changed)
+        self.recovery = Recovery(backend, self.policy, self.stats, self.outbox, self.kv,
+                                 self.waiting, self.running, self.embedder, self._fail,
+                                 self.admitter.changed, self._charge_computed)
         self.packer = Packer(backend, self.kv, self.cfg.compact_prefix_cache, self.has_work,
                              self._arrived)
         self.persister = Persister(backend, self.kv, self.has_work, self._arrived)
-        self._publish()
+        self.view = View(self)  # what other threads read: queue_state()
+        self.view.publish()
 
+    # What other modules and the tests read of the parts, by the names they had on the core.
     @property
-    def pool(self) -> KVPool:
-        """The KV pool's accounting (owned by :attr:`kv`)."""
+    def pool(self) -> KVPool:  # the KV part's
         return self.kv.pool
 
     @property
-    def cost(self) -> CostModel:
-        """The generation decodes' cost model (owned by :attr:`batcher`)."""
+    def cost(self) -> CostModel:  # the generation decodes': the composer's
         return self.batcher.cost
 
     @cost.setter
@@ -80,28 +83,23 @@ class EngineCore(View):
         self.batcher.cost = cost
 
     @property
-    def store(self) -> PrefixStore | None:
-        """Where the prefix cache is saved (owned by :attr:`persister`)."""
+    def store(self) -> PrefixStore | None:  # where the persister saves the prefix cache
         return self.persister.store
 
     @store.setter
     def store(self, store: PrefixStore | None) -> None:
         self.persister.store = store
 
-    def persist(self, force: bool = False) -> Future | None:
-        """Hand the prefixes not on disk yet to the store (:meth:`Persister.persist`)."""
+    def persist(self, force: bool = False) -> Future | None:  # :meth:`Persister.persist`
         return self.persister.persist(force)
 
-    def restore(self, saved: Iterable[Saved]) -> int:
-        """Put saved prefixes back before the engine thread starts (:meth:`Persister.restore`);
-        how many are back."""
+    def restore(self, saved: Iterable[Saved]) -> int:  # :meth:`Persister.restore`, published
         n = self.persister.restore(saved)
-        self._publish()
+        self.view.publish()
         return n
 
     @property
-    def embed_waiting(self) -> list[Request]:
-        """Embedding requests waiting (owned by :attr:`embedder`)."""
+    def embed_waiting(self) -> list[Request]:  # the embedder's queue
         return self.embedder.waiting
 
     @property
@@ -113,6 +111,10 @@ class EngineCore(View):
         self.embedder.cost = cost
 
     # -- any thread ------------------------------------------------------------------------
+    def queue_state(self) -> dict[str, Any]:
+        """Counts and the last published view, for /v1/queue and /metrics (:class:`.View`)."""
+        return self.view.queue_state()
+
     def submit(self, r: Request) -> Request:
         """Queue a request. Raises RequestError for a prompt that cannot fit or a full queue."""
         check_request(r, self.b)
@@ -181,7 +183,7 @@ class EngineCore(View):
         self.embedder.lost()  # the rest are computed again from their first input
         self.kv.lost()  # the cache's history outlives the cells it held
         self.persister.lost()
-        self._publish()
+        self.view.publish()
         return lost, suspects
 
     def has_work(self) -> bool:
@@ -196,7 +198,7 @@ class EngineCore(View):
         a request. Returns whether it did any."""
         done = self.packer.maybe_compact() or self.persister.maybe_persist()
         if done:
-            self._publish()
+            self.view.publish()
         return done
 
     # -- the engine thread -----------------------------------------------------------------
@@ -205,7 +207,7 @@ class EngineCore(View):
         try:
             return self._iterate()
         finally:
-            self._publish()
+            self.view.publish()
 
     def _iterate(self) -> bool:
         now = self.b.now()
@@ -307,7 +309,7 @@ class EngineCore(View):
             self.admitter.out_of_kv(items, t1)
         elif status == 2:
             self.stats.aborted_iterations += 1
-            self._after_abort(items)
+            self.recovery.after_abort(items)
         else:
             self.recovery.decode_failed(items, status, t1)
 
@@ -359,22 +361,6 @@ class EngineCore(View):
             self._finish(r, "stop", now, flush=False)
         elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
             self._finish(r, "length", now)
-
-    def _after_abort(self, items: list[BatchItem]) -> None:
-        """Keep the micro-batches llama.cpp finished; redo what needed logits."""
-        for it in items:
-            r = it.req
-            done = self.b.seq_pos_max(r.seq_id) + 1  # type: ignore[arg-type]
-            keep = min(done, it.start + it.n - (1 if it.output else 0))
-            keep = max(keep, it.start)
-            if done > keep:
-                self.b.seq_rm(r.seq_id, keep, -1)  # type: ignore[arg-type]
-            gained = keep - it.start
-            if gained:
-                r.n_past = keep
-                r.prefilled_tokens += gained
-                self.kv.computed(r, gained)
-                self._charge_computed(r, it.start, gained, self.b.now())
 
     # -- retiring ---------------------------------------------------------------------------
     def _finish(self, r: Request, reason: str, now: float, flush: bool = True) -> None:

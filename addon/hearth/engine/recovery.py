@@ -1,11 +1,13 @@
-"""When a decode fails or the backend's process dies: a part of the engine that owns the
-suspects of a failed decode (the requests still to decode alone, in turn). A failed decode is
-undone and its sequences retried one at a time, so only one that fails alone is answered with an
-error. A dead process's KV cache and samplers are gone with it: what was being computed is
+"""When a decode fails or is cut short, or the backend's process dies: a part of the engine that
+owns the suspects of a failed decode (the requests still to decode alone, in turn). A failed
+decode is undone and its sequences retried one at a time, so only one that fails alone is
+answered with an error; a decode cut short for a voice request keeps the micro-batches it
+finished. A dead process's KV cache and samplers are gone with it: what was being computed is
 handed back to be answered; what had not begun waits for the next worker. The engine gives it
-the backend, the policy (the retry order), the stats, the outbox, the wait queue, the running
-list and the embedder (whose requests it takes out), how to fail a request and how to tell
-admission that something changed; the other parts forget their own state (``lost``)."""
+the backend, the policy (the retry order), the stats, the outbox, the KV part, the wait queue,
+the running list and the embedder (whose requests it takes out), how to fail a request, to tell
+admission that something changed and to charge computed positions; the other parts forget
+their own state (``lost``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ..scheduler import Policy
 from ..stats import Stats
 from .base import Backend, BatchItem, WorkerLost
 from .embeddings import Embedder
+from .kv import KVSpace
 from .outbox import Outbox
 
 log = logging.getLogger("hearth.engine")
@@ -29,17 +32,20 @@ SOLO_TRIES = 2
 
 class Recovery:
     def __init__(self, backend: Backend, policy: Policy, stats: Stats, outbox: Outbox,
-                 waiting: WaitQueue, running: list[Request], embedder: Embedder,
-                 fail: Callable[[Request, str, float], None], changed: Callable[[], None]):
+                 kv: KVSpace, waiting: WaitQueue, running: list[Request], embedder: Embedder,
+                 fail: Callable[[Request, str, float], None], changed: Callable[[], None],
+                 charge: Callable[[Request, int, int, float], None]):
         self.b = backend
         self.policy = policy
         self.stats = stats
         self.outbox = outbox
+        self.kv = kv
         self.waiting = waiting
         self.running = running  # the engine's list, changed in place
         self.embedder = embedder
         self._fail = fail  # answers with an error and retires the request
         self._changed = changed  # admission looks again
+        self._charge = charge  # (r, start, n, now): its member pays for positions computed
         self.suspects: list[Request] = []  # in a failed decode: decoding alone, in turn
 
     def next_alone(self) -> Request | None:
@@ -76,6 +82,22 @@ class Recovery:
             return
         if not self.suspects:
             self.suspects = self.policy.retry_order(reqs)
+
+    def after_abort(self, items: list[BatchItem]) -> None:
+        """Keep the micro-batches llama.cpp finished; redo what needed logits."""
+        for it in items:
+            r = it.req
+            done = self.b.seq_pos_max(r.seq_id) + 1  # type: ignore[arg-type]
+            keep = min(done, it.start + it.n - (1 if it.output else 0))
+            keep = max(keep, it.start)
+            if done > keep:
+                self.b.seq_rm(r.seq_id, keep, -1)  # type: ignore[arg-type]
+            gained = keep - it.start
+            if gained:
+                r.n_past = keep
+                r.prefilled_tokens += gained
+                self.kv.computed(r, gained)
+                self._charge(r, it.start, gained, self.b.now())
 
     def worker_lost(self, why: WorkerLost,
                     admitting: Request | None) -> tuple[list[Request], list[Request]]:

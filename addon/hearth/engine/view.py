@@ -1,6 +1,11 @@
-"""What other threads may read of the engine (part of :class:`~hearth.engine.core.EngineCore`):
-the queue counts, and the view of the KV pool, the prefix cache and the cost model that the
-engine thread publishes after each iteration, for /v1/queue and /metrics."""
+"""What other threads may read of the engine: the queue counts, and the view of the KV pool, the
+prefix cache and the cost model that the engine thread publishes after each iteration, for
+/v1/queue and /metrics.
+
+A part that owns only the published snapshot (:attr:`View.snapshot`). It is given the whole
+engine, read-only, rather than a narrow interface: a snapshot is by nature a reading of every
+part (queue, inbox, running list, KV pool, store, cost model, latency target, policy's
+counters), so a narrower one would list the engine's attributes again; it changes none."""
 
 from __future__ import annotations
 
@@ -14,43 +19,48 @@ if TYPE_CHECKING:
 
 
 class View:
-    pool_view: dict[str, Any]
+    def __init__(self, core: EngineCore):
+        self._core = core
+        self.snapshot: dict[str, Any] = {}  # replaced whole by publish: readers never see it change
 
-    def queue_state(self: EngineCore) -> dict[str, Any]:
-        """Counts for /v1/queue and /metrics, from any thread (take ``lock`` for a view
-        consistent with the inbox)."""
+    def queue_state(self) -> dict[str, Any]:
+        """Counts for /v1/queue and /metrics, from any thread (take the engine's ``lock`` for
+        a view consistent with the inbox)."""
+        core = self._core
         waiting = dict.fromkeys(CLASS_RANKS, 0)
         running = dict.fromkeys(CLASS_RANKS, 0)
         # Copies: the engine thread mutates these lists without the lock.
-        for r in list(self.waiting) + list(self.embed_waiting):
+        for r in list(core.waiting) + list(core.embed_waiting):
             waiting[r.cls] += 1
-        for _, x in list(self._inbox):
+        for _, x in list(core._inbox):
             if isinstance(x, Request):
                 waiting[x.cls] += 1
-        for r in list(self.running):
+        for r in list(core.running):
             running[r.cls] += 1
-        view = self.pool_view
-        if self.store is not None:  # live: the writer thread saves after the view was made
-            view = {**view, "prefix_cache": {**view["prefix_cache"], "store": self.store.stats()}}
+        view = self.snapshot
+        store = core.store
+        if store is not None:  # live: the writer thread saves after the view was made
+            view = {**view, "prefix_cache": {**view["prefix_cache"], "store": store.stats()}}
         return {"waiting": waiting, "running": running, **view}
 
-    def _publish(self: EngineCore) -> None:
+    def publish(self) -> None:
         """What other threads may read of the KV pool, the cost model and the counters: made
         by the engine thread after each iteration and swapped in whole, so readers never
         iterate structures the engine is changing."""
-        pool = self.pool
-        prefix = pool.stats(self.b.now())
+        core = self._core
+        b, pool, cost, policy, store = core.b, core.pool, core.cost, core.policy, core.store
+        prefix = pool.stats(b.now())
         used = pool.running_cells + prefix["cached_cells"]
-        self.pool_view = {
+        self.snapshot = {
             "kv": {"cells": pool.n_ctx, "used": used,
                    "used_by_running": pool.running_cells,
                    "used_by_prefix_cache": prefix["cached_cells"],
                    "reserved": pool.reserved_cells,
                    "use": round(used / pool.n_ctx, 4)},
-            "prefix_cache": {**prefix, "store": self.store.stats() if self.store else None},
-            "cost_model": {"decode_ms": round(1000 * self.cost.predict(1), 3),
-                           "latency_target_ms": round(1000 * self.batcher.target(), 1),
-                           "full_batch_ms": round(1000 * self.cost.predict(self.b.n_batch), 1),
-                           "by_batch_size": self.cost.view()},
-            "vtc": {u: round(self.policy.counter(u, self.b.now()), 1) for u in self.policy.vtc},
+            "prefix_cache": {**prefix, "store": store.stats() if store else None},
+            "cost_model": {"decode_ms": round(1000 * cost.predict(1), 3),
+                           "latency_target_ms": round(1000 * core.batcher.target(), 1),
+                           "full_batch_ms": round(1000 * cost.predict(b.n_batch), 1),
+                           "by_batch_size": cost.view()},
+            "vtc": {u: round(policy.counter(u, b.now()), 1) for u in policy.vtc},
         }
