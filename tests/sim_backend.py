@@ -10,6 +10,7 @@ import json
 
 from hearth.engine import EngineConfig, EngineCore
 from hearth.engine.base import SampleAfterDecode
+from hearth.engine.kv import KVSpace
 from hearth.requests import Request, SamplingParams
 from hearth.scheduler import PolicyConfig, class_rank
 
@@ -275,3 +276,21 @@ def run_until(core: EngineCore, cond, max_steps: int = 100_000) -> int:
         steps += 1
     assert cond(), "condition not reached"
     return steps
+
+
+def computed(kv: KVSpace, b: SimBackend, cls: str, n: int, seed: int,
+             prefix: list[int] | None = None) -> Request:
+    """A request seated in ``kv`` and its prompt computed, as the engine would (for a part
+    tested without the engine)."""
+    r, _ = request(b, cls, n, 1, seed=seed, prefix=prefix)
+    r.tokens = list(r.prompt)
+    entry, hit = kv.find(r.tokens)
+    seq = kv.pool.take_id()
+    assert seq is not None
+    kv.seat(r, seq, entry, hit, len(r.tokens) - hit + 1)
+    todo = len(r.tokens) - r.n_past
+    assert b.decode(r.tokens[r.n_past:], list(range(r.n_past, len(r.tokens))), [seq] * todo,
+                    [False] * (todo - 1) + [True]) == 0
+    kv.computed(r, todo)
+    r.n_past = len(r.tokens)
+    return r

@@ -4,7 +4,8 @@ the engine has work and stops between families when a request arrives."""
 
 from __future__ import annotations
 
-from sim_backend import SimBackend, request
+from sim_backend import SimBackend
+from sim_backend import computed as seat_computed
 
 from hearth.engine.base import EngineConfig
 from hearth.engine.compaction import Packer
@@ -17,18 +18,7 @@ SYSTEMS = [[7000 + 1000 * k + i for i in range(60)] for k in range(2)]
 
 def computed(kv: KVSpace, b: SimBackend, cls: str, n: int, seed: int,
              prefix: list[int] | None = None) -> Request:
-    """A request seated and its prompt computed, as the engine would."""
-    r, _ = request(b, cls, n, 1, seed=seed, prefix=prefix)
-    r.tokens = list(r.prompt)
-    entry, hit = kv.find(r.tokens)
-    seq = kv.pool.take_id()
-    assert seq is not None
-    kv.seat(r, seq, entry, hit, len(r.tokens) - hit + 1)
-    todo = len(r.tokens) - r.n_past
-    assert b.decode(r.tokens[r.n_past:], list(range(r.n_past, len(r.tokens))), [seq] * todo,
-                    [False] * (todo - 1) + [True]) == 0
-    kv.computed(r, todo)
-    r.n_past = len(r.tokens)
+    r = seat_computed(kv, b, cls, n, seed, prefix)
     kv.note_high_water()
     return r
 

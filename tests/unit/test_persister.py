@@ -4,7 +4,7 @@ another persister puts them back with their sharing."""
 
 from __future__ import annotations
 
-from sim_backend import SimBackend, request
+from sim_backend import SimBackend, computed
 
 from hearth.engine.base import EngineConfig
 from hearth.engine.kv import KVSpace
@@ -23,17 +23,8 @@ def space() -> tuple[KVSpace, SimBackend]:
 
 def cache(kv: KVSpace, b: SimBackend, cls: str, n: int, seed: int, prefix=None) -> None:
     """A finished request's computed prompt kept as a cached prefix, as the engine would."""
-    r, _ = request(b, cls, n, 1, seed=seed, prefix=prefix)
-    r.tokens = list(r.prompt)
-    entry, hit = kv.find(r.tokens)
-    seq = kv.pool.take_id()
-    assert seq is not None
-    kv.seat(r, seq, entry, hit, len(r.tokens) - hit + 1)
-    todo = len(r.tokens) - r.n_past
-    b.decode(r.tokens[r.n_past:], list(range(r.n_past, len(r.tokens))), [seq] * todo,
-             [False] * (todo - 1) + [True])
-    kv.computed(r, todo)
-    r.n_past, r.finished = len(r.tokens), True
+    r = computed(kv, b, cls, n, seed, prefix)
+    r.finished = True
     kv.keep(r)
 
 
