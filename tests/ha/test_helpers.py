@@ -8,9 +8,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from homeassistant.core import Context
+from homeassistant.core import Context, State
 
 from custom_components.hearth.api import iter_sse, normalize_url
+from custom_components.hearth.confirm import _response_key
 from custom_components.hearth.conversation import fairness_key_for, request_class_for
 from custom_components.hearth.jobs import job_event_data, job_result_text
 from custom_components.hearth.messages import transform_stream, trim_history
@@ -156,3 +157,26 @@ def test_deprecation_reports_are_recognised() -> None:
     assert deprecation_reports([ours, entity, other, unrelated]) == [
         ours.getMessage(), entity.getMessage()
     ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "slots", "entities", "key"),
+    [
+        ("HassTurnOn", {"name": "Kitchen light"}, ["light.kitchen"], "default"),
+        ("HassTurnOn", {"domain": ["light"]}, ["light.kitchen", "light.porch"], "light_all"),
+        ("HassTurnOff", {"area": "Kitchen"}, ["light.a", "light.b"], "lights_area"),
+        ("HassTurnOff", {"floor": "Ground"}, ["fan.a", "fan.b"], "fans_floor"),
+        ("HassTurnOn", {"name": "Garage door"}, ["cover.garage"], "cover"),
+        ("HassTurnOn", {"name": "Evening"}, ["scene.evening"], "scene"),
+        ("HassTurnOff", {"domain": ["light", "switch"]}, ["light.a", "switch.b"], "default"),
+        ("HassLightSet", {"name": "Lamp", "brightness": 20}, ["light.lamp"], "brightness"),
+        ("HassLightSet", {"name": "Lamp", "color": "red"}, ["light.lamp"], "color"),
+    ],
+)
+def test_confirmation_key_follows_what_was_acted_on(
+    kind: str, slots: dict[str, Any], entities: list[str], key: str
+) -> None:
+    """The response a confirmation uses is the one Home Assistant's agent would pick for the
+    sentence that did the same: all lights, the lights of an area, a cover opening, ..."""
+    states = [State(entity_id, "on") for entity_id in entities]
+    assert _response_key(kind, slots, states) == key
