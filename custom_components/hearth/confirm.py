@@ -100,7 +100,8 @@ async def action_confirmation(hass: HomeAssistant, chat_log: conversation.ChatLo
             return None  # not an intent's (a script, live context, another API's tool)
         try:
             speech = await _speech(hass, response)
-        except TemplateError as err:
+        except (TemplateError, LookupError, TypeError, ValueError) as err:
+            # A response this code cannot render is the model's to put in words.
             LOGGER.debug("No confirmation for %s: %s", content.tool_name, err)
             return None
         if speech is None:
