@@ -14,7 +14,7 @@ from typing import Any
 
 from home_assistant_intents import get_intents
 from homeassistant.components import conversation
-from homeassistant.core import HomeAssistant
+from homeassistant.core import HomeAssistant, State
 from homeassistant.exceptions import TemplateError
 from homeassistant.helpers import intent, template
 
@@ -24,9 +24,9 @@ from .const import LOGGER
 _RESPONSES: dict[str, dict[str, dict[str, str]]] = {}  # language -> intent -> key -> template
 
 # The response key Home Assistant's agent picks from the sentence it matched; here from what
-# was acted on. Keys a language lacks fall back to "default".
-_DOMAIN_KEYS = {"cover": "cover", "scene": "scene", "script": "script", "lock": "lock",
-                "valve": "valve"}
+# was acted on. Keys a language lacks fall back to "default". These domains' responses are
+# keyed by the domain's own name.
+_DOMAIN_KEYS = frozenset({"cover", "scene", "script", "lock", "valve"})
 
 
 async def _responses(hass: HomeAssistant, language: str) -> dict[str, dict[str, str]]:
@@ -40,12 +40,12 @@ async def _responses(hass: HomeAssistant, language: str) -> dict[str, dict[str, 
     return {}
 
 
-def _response_key(kind: str, slots: dict[str, Any], states: list[Any]) -> str:
+def _response_key(kind: str, slots: dict[str, Any], states: list[State]) -> str:
     if kind == "HassLightSet":
         return next((k for k in ("brightness", "color", "temperature") if k in slots), "")
     domains = {state.domain for state in states}
     if len(domains) == 1 and (domain := next(iter(domains))) in _DOMAIN_KEYS:
-        return _DOMAIN_KEYS[domain]
+        return domain
     if len(states) > 1 and domains <= {"light", "fan"}:
         plural = "lights" if domains == {"light"} else "fans"
         if "area" in slots:
