@@ -48,6 +48,67 @@ def test_a_long_prompt_beside_streams_is_not_held_to_minimum_chunks():
     budget = core.batcher.prefill_budget(4, 1.0, decode_attended=800, start=0, interactive=True)
     assert budget >= 64
     assert core.cost.predict(4 + budget, 800 + attention(budget, 0)) <= 8 * 0.06
+    # Calibrated, it goes at least where the cost per token levels off (128 here: 3.0 ms a
+    # token against 3.4 at 64), within twice the stretched bound.
+    assert core.cost.efficient_size() == 128
+    core.batcher.efficient = 128  # as calibration sets it
+    budget = core.batcher.prefill_budget(4, 1.0, decode_attended=800, start=0, interactive=True)
+    assert budget + 4 >= 128
+    assert core.cost.predict(4 + budget, 800 + attention(budget, 0)) <= 2 * 8 * 0.06
     # A background summary keeps to the minimum chunk: the streams' cadence comes first.
     assert (core.batcher.prefill_budget(4, 1.0, decode_attended=800, start=0)
             == core.cfg.min_prefill_chunk)
+
+
+def test_a_size_inside_a_cheaper_larger_bucket_is_found():
+    """The cost per token falls from one bucket to the next: 31 tokens cost more than 40.
+    Within 0.75 s beside 4 decodes, the most that fits is inside the 32-63 bucket (not its
+    largest size, which does not fit), where the old search stopped at 27 tokens."""
+    m = CostModel()
+    for _ in range(4):
+        for n, per_token in ((4, 0.038), (16, 0.026), (32, 0.016), (64, 0.015)):
+            m.observe(n, per_token * n)
+    n = m.tokens_within(0.75, beside=4)
+    assert 32 <= 4 + n <= 63
+    assert m.predict(4 + n) <= 0.75 < m.predict(4 + n + 1)
+    assert m.efficient_size() == 32  # 16 ms is within 10 % of 15 ms
+    assert CostModel().efficient_size() == 0  # nothing measured: no floor
+
+
+def test_a_waited_for_prompt_is_not_chunked_below_the_efficient_size_on_a_slow_model():
+    """A large model on a CPU: one decode 50 ms, so the stretched bound beside 4 streams holds
+    ~30 tokens at 26 ms each, where 64-token chunks cost 15 ms a token. A waited-for prompt
+    goes in chunks of the efficient size (within twice the stretch); background work does
+    not, and a fast model, whose bound already holds that size, is unchanged."""
+    core, _ = make_core("hearth")
+    slow = core.cost
+    for _ in range(4):
+        for n, per_token in ((1, 0.05), (4, 0.038), (16, 0.026), (32, 0.026), (64, 0.015),
+                             (128, 0.0145)):
+            slow.observe(n, per_token * n)
+    assert slow.efficient_size() == 64
+    core.batcher.efficient = slow.efficient_size()  # as calibration sets it
+    stretched = slow.tokens_within(8 * core.batcher.target(), beside=4)
+    assert stretched + 4 < 64
+    budget = core.batcher.prefill_budget(4, 1.0, start=0, interactive=True)
+    assert budget == 60
+    assert core.batcher.prefill_budget(4, 1.0, start=0) == core.cfg.min_prefill_chunk
+
+    fast, _ = make_core("hearth")
+    trained(fast.cost)
+    fast.batcher.efficient = fast.cost.efficient_size()
+    fast.cfg.latency_target_s = 1.0  # the bound holds far more than the efficient size
+    assert (fast.batcher.prefill_budget(4, 1.0, decode_attended=800, interactive=True)
+            == fast.cost.tokens_within(1.0, beside=4, beside_attended=800))
+
+
+def test_calibration_measures_every_bucket_and_the_efficient_size():
+    """Every bucket up to two micro-batches is measured before serving (an unmeasured one is
+    priced as the smaller one below it, and so was never tried), and the efficient size comes
+    from those measurements: the simulated 4 ms + 2 ms a token levels off from 32 tokens."""
+    core, b = make_core("hearth")
+    assert core.batcher.efficient == 0
+    core.calibrate(1)
+    top = min(b.n_batch, 2 * b.n_ubatch)
+    assert all(core.cost.fits[k].seen for k in range(1, top.bit_length() + 1))
+    assert core.batcher.efficient == 32

@@ -17,13 +17,24 @@ class BatchComposer:
         self.cfg = cfg
         self.policy = policy
         self.cost = CostModel()
+        # The batch size where the cost per token levels off, as calibrated (0 until then):
+        # measured once at position 0, not refitted while serving, where the attention term
+        # moves each size's fitted cost by more than the margin that picks it.
+        self.efficient = 0
 
     def calibrate(self, token: int, rounds: int = 2) -> None:
         """Seed the cost model (and warm the kernels) with a few decodes of known size before
         serving, so the first iterations already respect the latency target."""
-        # One size per bucket the engine meets often: decodes of a few streams (every token
-        # with its logits), minimum and middle chunks, one and two micro-batches.
-        sizes = [1, 4, 16, 64, self.b.n_ubatch, min(self.b.n_batch, 2 * self.b.n_ubatch)]
+        # Every bucket up to two micro-batches, each at its smallest size (which errs towards
+        # caution): an unmeasured bucket is priced as the nearest smaller one, and on a CPU
+        # the per-token cost still falls steeply from 16 to 64 tokens (the 1.5B: 28 ms to
+        # 17 ms). Left unmeasured, the 32-63 bucket looked too dear to try, so it was never
+        # measured: a long prompt beside streams went in 27-token chunks at 1.6x the
+        # per-token cost (issue 30).
+        top = min(self.b.n_batch, 2 * self.b.n_ubatch)
+        sizes = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+        if sizes[-1] != top:
+            sizes.append(top)
         for n in sizes * rounds:
             t0 = self.b.now()
             outs = [True] * n if n < 8 else [False] * (n - 1) + [True]
@@ -32,6 +43,7 @@ class BatchComposer:
             self.b.seq_rm(0)
             if status == 0:
                 self.cost.observe(n, dt, attention(n, 0))
+        self.efficient = self.cost.efficient_size()
 
     def target(self) -> float:
         """The latency target an iteration keeps to: the configured one, or
@@ -63,6 +75,16 @@ class BatchComposer:
             # waits for keeps to the minimum chunk, and the streams' cadence.
             n = max(self.cfg.min_prefill_chunk,
                     within(VOICE_PREFILL_STRETCH * target) if interactive else 0)
+        knee = self.efficient - n_decode
+        if interactive and knee > n and (self.cost.predict(self.efficient)
+                                         <= 2 * VOICE_PREFILL_STRETCH * target):
+            # Nor in chunks below the size where the cost per token levels off, where that
+            # size costs at most twice the stretch: a large model on a CPU fits ~30 tokens in
+            # the stretch beside streams, at 1.4x the per-token cost of 64 (issue 30: the
+            # 1.5B's long chat prompt took 2.0x llama-server's time to its first token). The
+            # size's own cost decides, not its attention: fitted from few samples, that had
+            # priced late chunks of a long prompt several times too high.
+            n = knee
         return min(cap, n)  # never past the batch's room, which would fail the decode
 
     def compose(self, running: list[Request], now: float, bounded: bool) -> list[BatchItem]:
