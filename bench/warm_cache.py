@@ -23,6 +23,7 @@ import signal
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -115,6 +116,21 @@ def flood(c: Client, bursts: int, per_burst: int) -> list[float]:
     return times
 
 
+def restart_lines(restarts: list[dict], med: Callable[[str], float]) -> list[str]:
+    """The restart rounds' table (none with ``--rounds 0``)."""
+    if not restarts:
+        return []
+    return ["## First voice TTFT around a restart (ms)", "",
+            "| server | cold | warm | after a restart |", "|---|---:|---:|---:|",
+            f"| hearth | {med('hearth_cold'):.0f} | {med('hearth_warm'):.0f} | "
+            f"{med('hearth_restored'):.0f} (restored) |",
+            f"| llama-server | {med('llama_cold'):.0f} | {med('llama_warm'):.0f} | "
+            f"{med('llama_restarted'):.0f} |", "",
+            f"Hearth saved {restarts[0]['saved']} prefixes ({med('saved_mb'):.1f} MB on disk) "
+            f"in {med('save_ms'):.0f} ms when stopped, and restored them in "
+            f"{med('restore_ms'):.0f} ms before saying it was ready.", ""]
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
@@ -122,7 +138,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3, help="restart rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="restart rounds (0: the floods only)")
     ap.add_argument("--bursts", type=int, default=6, help="floods before a voice turn")
     ap.add_argument("--per-burst", type=int, default=4, help="one-off prompts per flood")
     ap.add_argument("--model", default="", help="GGUF both servers load (default embedded)")
@@ -163,18 +179,10 @@ def main(argv: list[str] | None = None) -> int:
              f"Command: `{cmd}`; model {model.name}; a {len(SYSTEM)}-character system prompt "
              f"({args.entities} exposed entities; 55 are about 1,050 tokens, 150 about 2,950 "
              "with Qwen2.5's tokenizer); medians of the rounds.", "",
-             "## First voice TTFT around a restart (ms)", "",
-             "| server | cold | warm | after a restart |", "|---|---:|---:|---:|",
-             f"| hearth | {med('hearth_cold'):.0f} | {med('hearth_warm'):.0f} | "
-             f"{med('hearth_restored'):.0f} (restored) |",
-             f"| llama-server | {med('llama_cold'):.0f} | {med('llama_warm'):.0f} | "
-             f"{med('llama_restarted'):.0f} |", "",
-             f"Hearth saved {restarts[0]['saved']} prefixes ({med('saved_mb'):.1f} MB on disk) "
-             f"in {med('save_ms'):.0f} ms when stopped, and restored them in "
-             f"{med('restore_ms'):.0f} ms before saying it was ready.", "",
-             f"## Voice TTFT after each flood of {args.per_burst} one-off background prompts "
-             f"({args.bursts} floods, ms)", "",
-             "| server | p50 | p95 | worst |", "|---|---:|---:|---:|"]
+             *restart_lines(restarts, med)]
+    lines += [f"## Voice TTFT after each flood of {args.per_burst} one-off background prompts "
+              f"({args.bursts} floods, ms)", "",
+              "| server | p50 | p95 | worst |", "|---|---:|---:|---:|"]
     for name, times in floods.items():
         lines.append(f"| {name} | {pct(times, 0.5):.0f} | {pct(times, 0.95):.0f} | "
                      f"{max(times):.0f} |")

@@ -42,7 +42,7 @@ class KVPool:
                  kept_cells: int = 0):
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
-        self.policy = CachePolicy(kept_cells)
+        self.policy = CachePolicy(kept_cells, n_ctx)
         self.free_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
         self.entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # LRU order
         self.max_entries = max_entries if enabled else 0
@@ -317,7 +317,7 @@ class KVPool:
             "token_hit_rate": self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0,
             "evictions": self.evictions,
             "cached_cells": self.cached_cells,
-            "kept_budget": self.policy.kept_cells,
+            "kept_budget": self.policy.budget(self.policy.by_worth(self.entries.values())),
             "packings": self.packings,
             "warm_ups": self.warm_ups,
             "by_class": self.by_class(now),

@@ -163,7 +163,8 @@ class Settings(BaseModel):
     prefix_cache_entries: int = _opt(8, "most cached prefixes kept", ge=0, le=64)
     prefix_cache_kept_share: float = _opt(
         0.5, "share of n_ctx in which the prompts voice and chat use stay cached against "
-        "background and embedding work", ge=0, le=1)
+        "background and embedding work; it grows to hold the voice prompts, up "
+        "to 0.75 (0: nothing kept)", ge=0, le=1)
     prefix_store_mb: int = _opt(
         512, "most MB of voice and chat prefixes saved to data_dir, restored at start "
         "(0 = none saved)", ge=0)

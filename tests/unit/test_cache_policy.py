@@ -76,15 +76,33 @@ def test_voice_prompts_within_the_budget_survive_any_flood_of_one_off_prompts(sy
     assert b.refusals == 0
     voice = core.pool.stats(b.now())["by_class"]["voice"]
     assert voice["entries"] >= 1 and voice["kept"] == voice["entries"]
-    assert voice["cells"] <= core.pool.policy.kept_cells
+    assert voice["cells"] <= max(core.pool.policy.kept_cells, 0.75 * n_ctx)
 
 
-def test_past_the_budget_the_flood_may_take_the_voice_prompt():
-    """The same flood with a budget smaller than the system prompt: the voice entry is an
-    ordinary one, and the flood's running work takes its cells."""
-    _, _, flood, turn, _ = _flood_then_voice(600, 0.1, [350] * 10, 1600)
+@settings(max_examples=25, deadline=None)
+@given(fill=st.floats(0.5, 0.7), share=st.sampled_from([0.1, 0.25, 0.5]),
+       sizes=st.lists(st.integers(60, 300), min_size=4, max_size=20))
+def test_a_voice_prompt_larger_than_the_share_survives_the_flood_within_the_ceiling(
+        fill, share, sizes):
+    """A large household's voice prompt, half to 70 % of the pool: the budget grows to it,
+    the flood runs in the quarter left and finishes, and the next voice turn finds the prompt."""
+    n_ctx = 2000
+    system_len = int(fill * n_ctx)
+    core, b, flood, turn, by_lower = _flood_then_voice(system_len, share, sizes, n_ctx)
+    assert all(s.done.kind == "done" for _, s in flood), "the flood finished: nobody starved"
+    assert by_lower == [], "no lower class took a kept entry"
+    assert turn.cached_tokens >= system_len
+    assert b.refusals == 0
+    assert core.pool.stats(b.now())["kept_budget"] >= system_len
+
+
+def test_past_the_ceiling_the_flood_may_take_the_voice_prompt():
+    """The same flood with a system prompt of 80 % of the pool, past the three quarters the
+    budget may grow to: the voice entry is an ordinary one, and the flood's running work
+    takes its cells."""
+    _, _, flood, turn, _ = _flood_then_voice(1300, 0.1, [350] * 10, 1600)
     assert all(s.done.kind == "done" for _, s in flood)
-    assert turn.cached_tokens < 600
+    assert turn.cached_tokens < 1300
 
 
 def test_running_voice_work_may_take_kept_cells():

@@ -140,11 +140,26 @@ def test_a_lower_class_may_not_evict_a_prefix_a_higher_class_hits():
     assert pool.evict(rank=0) == 0  # voice (or the engine itself) may
 
 
-def test_past_the_kept_budget_a_voice_prefix_goes_like_any_other():
+def test_past_the_kept_budget_a_prefix_goes_like_any_other():
     pool = KVPool(n_ctx=100_000, n_seq_max=8, max_entries=8, kept_cells=100)
-    pool.insert(0, list(range(101)), own=101, shared=None, rank=0)  # one cell too many
+    pool.insert(0, list(range(101)), own=101, shared=None, rank=1)  # one cell too many
     assert pool.kept() == set()
     assert pool.evict(rank=3) == 0
+
+
+def test_the_budget_grows_to_a_voice_prompt_up_to_three_quarters_of_the_pool():
+    pool = KVPool(n_ctx=400, n_seq_max=8, max_entries=8, kept_cells=100)
+    pool.insert(0, list(range(300)), own=300, shared=None, rank=0)  # 3/4 of the pool
+    assert pool.kept() == {0}
+    assert pool.stats()["kept_budget"] == 300
+    assert pool.evict(rank=3) is None
+    over = KVPool(n_ctx=400, n_seq_max=8, max_entries=8, kept_cells=100)
+    over.insert(0, list(range(301)), own=301, shared=None, rank=0)  # one cell past it
+    assert over.kept() == set()
+    assert over.evict(rank=3) == 0
+    none = KVPool(n_ctx=400, n_seq_max=8, max_entries=8, kept_cells=0)  # nothing kept
+    none.insert(0, list(range(200)), own=200, shared=None, rank=0)
+    assert none.kept() == set()
 
 
 def test_lookup_compares_only_entries_sharing_the_first_tokens():

@@ -4,8 +4,10 @@ one-off work.
 An entry remembers the best class that used it (the request that left it, and every hit since).
 Voice and chat entries are *kept* against lower classes within a budget of cells (a share of the
 pool): a background summary or an embedding job may not evict them to make room, however many
-one-off prompts an evening brings. Past the budget, and for the engine itself (the pool is
-needed for running work), they go like any other entry. Among the entries a request may evict,
+one-off prompts an evening brings. The budget grows to hold the voice prompts whole, up to three
+quarters of the pool: a large household's ~3,000-token prompt in a 4,096-cell pool
+is larger than half of it. Past the budget, and for the engine itself (the pool is needed for
+running work), they go like any other entry. Among the entries a request may evict,
 the order is: a preempted request's work last, then entries outside the budget first, entries
 no waiting request is about to use, entries that never served a hit, then least recently used.
 """
@@ -16,12 +18,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..scheduler import INTERACTIVE_RANK
+from ..scheduler import INTERACTIVE_RANK, VOICE_RANK
+
+# The most of the pool the budget grows to for one voice prompt: other work keeps a quarter
+# (in 4,096 cells, a one-off ~900-token prompt at a time beside a 3,000-token voice prompt).
+KEPT_CEILING = 0.75
 
 
 @dataclass
 class CachePolicy:
     kept_cells: int = 0  # the budget: cells of interactive prefixes lower classes may not take
+    pool_cells: int = 0  # the pool's size, for the ceiling the budget may grow to
 
     @staticmethod
     def interactive(e: Any) -> bool:
@@ -37,12 +44,22 @@ class CachePolicy:
         """Seq ids of the entries within the budget, in :meth:`by_worth` order; an entry that
         does not fit leaves room for smaller ones."""
         kept: set[int] = set()
-        room = self.kept_cells
-        for e in self.by_worth(entries_lru):
+        worth = self.by_worth(entries_lru)
+        room = self.budget(worth)
+        for e in worth:
             if e.own <= room:
                 kept.add(e.seq_id)
                 room -= e.own
         return kept
+
+    def budget(self, worth: list[Any]) -> int:
+        """The kept budget for entries in :meth:`by_worth` order: the configured share, grown
+        to the voice entries' cells (a system prompt and the turns after it are entries of
+        their own) up to :data:`KEPT_CEILING` of the pool; nothing with a share of 0."""
+        if not self.kept_cells:
+            return 0
+        voice = sum(e.own for e in worth if e.rank == VOICE_RANK)
+        return max(self.kept_cells, min(voice, int(KEPT_CEILING * self.pool_cells)))
 
     @staticmethod
     def may_evict(e: Any, rank: int | None, kept: set[int]) -> bool:
