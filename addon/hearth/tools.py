@@ -12,6 +12,8 @@ Two output styles are understood:
   the 1.5B copied around its calls), or right after a tool's name (``HassTurnOn{"name": …}``),
   or the pythonic style (``HassTurnOn(name="Porch light")``), only when it names one of the
   request's tools.
+- Such JSON on a line of its own after some prose, when it names one of the request's tools
+  (the 1.5B, asked to "turn it on then", explained which tool it would use, then called it).
 - The same JSON in doubled braces, ``{{"name": "f", "arguments": {...}}}``: Qwen2.5's own chat
   template shows its call format so (a literal ``{{`` in a Jinja string), and small Qwen
   models copy it. The template is left as it is: shown with one brace, the 1.5B explained
@@ -36,6 +38,8 @@ RESPONSE_OPEN = "<tool_response>"
 FENCE = "```"
 TOOLS_OPEN, TOOLS_CLOSE = "<tools>", "</tools>"
 _FENCE_OPEN = re.compile(r"```[A-Za-z]*[ \t]*\n?")  # ```json, ```JSON, ``` …
+LINE_CALL = "\n{"  # a call on a line of its own, after prose
+_LINE_CALL_NAME = re.compile(r'\n\{\s*"name"\s*:\s*"([^"\\\n]*)"')
 
 
 def _call(name: str, args: Any) -> dict[str, Any]:
@@ -105,7 +109,17 @@ def parse_tool_calls(text: str, names: set[str] | None = None
                            names)
         if calls is not None:
             return "", calls
+    if names and (at := _line_call(body, names)) > 0:
+        rest = body[at:].split(RESPONSE_OPEN, 1)[0].strip()
+        calls = _all_calls(_json_objects(rest), names)
+        if calls is not None:
+            return body[:at].rstrip(), calls
     return text, []
+
+
+def _line_call(body: str, names: set[str]) -> int:
+    """Where a JSON call of one of ``names`` starts a line of ``body`` after prose, or -1."""
+    return next((m.start() for m in _LINE_CALL_NAME.finditer(body) if m[1] in names), -1)
 
 
 def _all_calls(objs: list[Any] | None, names: set[str] | None) -> list[dict[str, Any]] | None:
@@ -211,7 +225,7 @@ class ToolStream:
 
     def __init__(self, names: set[str] | None):
         self.names = names
-        self.markers = (OPEN, FENCE, TOOLS_OPEN) if names else (OPEN,)
+        self.markers = (OPEN, FENCE, TOOLS_OPEN, LINE_CALL) if names else (OPEN,)
         # an answer may open with a tool's name, its arguments after it
         self.openings = (PYTHON_TAG, *self.markers, *sorted(names or ()))
         self.blank: list[str] = []  # leading whitespace, held until the first visible text
@@ -350,8 +364,10 @@ def lazy_call_trigger(names: set[str]) -> str:
     plain = sorted(n for n in names if _PLAIN_NAME.fullmatch(n))
     if not plain:
         return LAZY_CALL_TRIGGER
-    return (LAZY_CALL_TRIGGER + r'|^[ \t\n]*' + _NAME_FIRST + r': ?"(?:' + "|".join(plain)
-            + ')"')
+    # An opening bare call, or one on a line of its own after prose (never inline: "Use
+    # {"name": …}" may be an example).
+    return (LAZY_CALL_TRIGGER + r'|(?:^[ \t\n]*|\n)' + _NAME_FIRST + r': ?"(?:'
+            + "|".join(plain) + ')"')
 
 
 def _prefixed(gbnf: str, prefix: str) -> str:

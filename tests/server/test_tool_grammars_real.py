@@ -159,5 +159,7 @@ def test_a_bare_call_naming_a_tool_is_held_and_other_json_stays_free(model):
     other = 'Person: {"name": "Paris", "age": 3}\nPerson:'
     assert _greedy(model, other, lazy, n=20) == _greedy(model, other, free, n=20)
     for text in ('{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}',
-                 '\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": "Porch light"}\n}'):
+                 '\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": "Porch light"}\n}',
+                 'I will use HassTurnOn.\n\n{"name": "HassTurnOn", "arguments": {"name": '
+                 '"Porch light"}}'):
         replay(model, grammar, trigger, text)

@@ -90,11 +90,34 @@ def test_a_call_in_tools_tags_or_after_its_name_is_a_call():
     assert parse_tool_calls(named, None) == (named, [])
 
 
+def test_a_call_on_its_own_line_after_prose_is_a_call():
+    """The 1.5B, asked to "turn it on then", explained which tool it would use and then wrote
+    the call on a line of its own: the call counts and the prose stays content. The same
+    JSON inline, naming no tool, or without tools sent is not a call."""
+    prose = "I'll use the `HassTurnOn` tool to turn the light on."
+    text = f"{prose}\n\n\n{json.dumps(CALL)}"
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == prose
+    assert _calls(calls) == [("HassTurnOn", {"name": "Kitchen light"})]
+    made_up = text + '\n<tool_response>\n{"success": true}\n</tool_response>'
+    assert _calls(parse_tool_calls(made_up, NAMES)[1]) == _calls(calls)
+    for free in (f"{prose} {json.dumps(CALL)}", f'{prose}\n{{"name": "Paris", "age": 3}}',
+                 f"{prose}\n{json.dumps(CALL)} and more"):
+        assert parse_tool_calls(free, NAMES) == (free, []), free
+    assert parse_tool_calls(text, None) == (text, [])
+    stream = ToolStream(NAMES)
+    shown = "".join(stream.feed(c) for c in (prose[:9], prose[9:], "\n\n", "\n{", '"name"',
+                                             json.dumps(CALL)[7:]))
+    rest, streamed = stream.finish()
+    assert shown.strip() == prose and rest.strip() == ""
+    assert _calls(streamed) == _calls(calls)
+
+
 FRAGMENTS = st.sampled_from([
     "<tool_call>", "</tool_call>", "```", "```json\n", json.dumps(CALL),
     json.dumps({"name": "HassTurnOff", "arguments": {}}), "{", "}", " ", "\n", "  \t",
     "Okay.", "the light", "<tool", "``", "<|python_tag|>", ";", "{{", "}}", "<tools>",
-    "</tools>", "HassTurn", "HassTurnOn", '{"name": "Porch"}',
+    "</tools>", "HassTurn", "HassTurnOn", '{"name": "Porch"}', "Sure.\n", "\n{",
 ])
 
 
@@ -167,10 +190,12 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     named = re.compile(lazy_call_trigger({"HassTurnOn", "light__HassLightSet", "odd.name"}))
     assert named.groups == 0
     for held in ('{"name": "HassTurnOn"', ' \n{"name":"light__HassLightSet"',
-                 '{\n  "name": "HassTurnOn"', "<tool_call>"):
+                 '{\n  "name": "HassTurnOn"', "<tool_call>", 'Sure.\n{"name": "HassTurnOn"',
+                 'I will.\n\n{\n  "name": "HassTurnOn"'):
         assert named.search(held), held
     for free in ('{"name": "Paris"', '{"name": "HassTurnOnX"', 'Sure: {"name": "HassTurnOn"',
-                 '{"name": "odd.name"', '{"city": "HassTurnOn"'):
+                 '{"name": "odd.name"', '{"city": "HassTurnOn"', 'Sure.\n  {"name": "HassTurnOn"',
+                 'Sure.\n{"name": "Paris"'):
         assert not named.search(free), free
     assert lazy_call_trigger(set()) == LAZY_CALL_TRIGGER
     grammar = lazy_call_grammar('root ::= "{" space "\\"name\\"" space\nspace ::= " "?')
