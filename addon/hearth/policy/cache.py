@@ -5,8 +5,8 @@ An entry remembers the best class that used it (the request that left it, and ev
 Voice and chat entries are *kept* against lower classes within a budget of cells (a share of the
 pool): a background summary or an embedding job may not evict them to make room, however many
 one-off prompts an evening brings. The budget grows to hold the voice prompts whole, up to three
-quarters of the pool: a large household's ~3,000-token prompt in a 4,096-cell pool
-is larger than half of it. Past the budget, and for the engine itself (the pool is needed for
+quarters of the pool: a large household's ~3,000-token prompt is larger than half of a
+4,096-cell pool. Past the budget, and for the engine itself (the pool is needed for
 running work), they go like any other entry. Among the entries a request may evict,
 the order is: a preempted request's work last, then entries outside the budget first, entries
 no waiting request is about to use, entries that never served a hit, then least recently used.
@@ -20,7 +20,7 @@ from typing import Any
 
 from ..scheduler import INTERACTIVE_RANK, VOICE_RANK
 
-# The most of the pool the budget grows to for one voice prompt: other work keeps a quarter
+# The most of the pool the budget grows to for the voice prompts: other work keeps a quarter
 # (in 4,096 cells, a one-off ~900-token prompt at a time beside a 3,000-token voice prompt).
 KEPT_CEILING = 0.75
 
