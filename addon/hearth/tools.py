@@ -102,19 +102,19 @@ def parse_tool_calls(text: str, names: set[str] | None = None
         return "", [named]
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG):]
-    if body.startswith("{"):
-        # Small models go on to make up the tool's answer after their call: it is not theirs.
-        body = body.split(RESPONSE_OPEN, 1)[0].rstrip()
-        calls = _all_calls(_undoubled(body) if body.startswith("{{") else _json_objects(body),
-                           names)
-        if calls is not None:
-            return "", calls
-    if names and (at := _line_call(body, names)) > 0:
-        rest = body[at:].split(RESPONSE_OPEN, 1)[0].strip()
-        calls = _all_calls(_json_objects(rest), names)
-        if calls is not None:
-            return body[:at].rstrip(), calls
+    if body.startswith("{") and (calls := _bare_calls(body, names)) is not None:
+        return "", calls
+    if (names and (at := _line_call(body, names)) > 0
+            and (calls := _bare_calls(body[at:], names)) is not None):
+        return body[:at].rstrip(), calls
     return text, []
+
+
+def _bare_calls(text: str, names: set[str] | None) -> list[dict[str, Any]] | None:
+    """The calls bare JSON ``text`` makes, or None. Small models go on to make up the tool's
+    answer after their call: it is not theirs."""
+    text = text.split(RESPONSE_OPEN, 1)[0].strip()
+    return _all_calls(_undoubled(text) if text.startswith("{{") else _json_objects(text), names)
 
 
 def _line_call(body: str, names: set[str]) -> int:

@@ -32,7 +32,7 @@ class BatchComposer:
         # measured: a long prompt beside streams went in 27-token chunks at 1.6x the
         # per-token cost (issue 30).
         top = min(self.b.n_batch, 2 * self.b.n_ubatch)
-        sizes = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+        sizes = [1 << k for k in range(top.bit_length())]
         if sizes[-1] != top:
             sizes.append(top)
         for n in sizes * rounds:
