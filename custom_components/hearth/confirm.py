@@ -10,6 +10,7 @@ responses) goes back to the model as before."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from home_assistant_intents import get_intents
@@ -17,9 +18,10 @@ from homeassistant.components import conversation
 from homeassistant.core import HomeAssistant, State
 from homeassistant.exceptions import TemplateError
 from homeassistant.helpers import intent, template
+from homeassistant.helpers.translation import async_get_exception_message
 
 from .compat import tool_result_data
-from .const import LOGGER
+from .const import DOMAIN, LOGGER
 
 _RESPONSES: dict[str, dict[str, dict[str, str]]] = {}  # language -> intent -> key -> template
 
@@ -108,3 +110,37 @@ async def action_confirmation(hass: HomeAssistant, chat_log: conversation.ChatLo
             return None
         sentences[speech if speech[-1:] in ".!?" else f"{speech}."] = None
     return " ".join(sentences) or None
+
+
+def _call_key(call: Any) -> str:
+    return f"{call.tool_name}:{json.dumps(call.tool_args, sort_keys=True, default=str)}"
+
+
+def repeats_earlier_calls(chat_log: conversation.ChatLog) -> bool:
+    """Whether the model's last round of calls only repeats calls it already made in this
+    turn: a small model retries a call that failed (or that worked) until the round limit
+    (the 0.5B for 13-22 s, then Home Assistant said "Unable to get response")."""
+    rounds: list[set[str]] = []
+    for content in reversed(chat_log.content):
+        if isinstance(content, conversation.UserContent):
+            break
+        if isinstance(content, conversation.AssistantContent) and content.tool_calls:
+            rounds.append({_call_key(call) for call in content.tool_calls})
+    return len(rounds) > 1 and rounds[0] <= set().union(*rounds[1:])
+
+
+def unanswered_outcome(chat_log: conversation.ChatLog) -> str:
+    """What the turn says when the model's tools ran and it gave no answer of its own: the
+    tools' errors as Home Assistant worded them, or that no answer came."""
+    errors: dict[str, None] = {}
+    for content in reversed(chat_log.content):
+        if not isinstance(content, conversation.ToolResultContent):
+            break
+        data = tool_result_data(content)
+        if isinstance(data, dict) and (text := data.get("error_text") or data.get("error")):
+            errors[str(text)] = None
+    if not errors:
+        return async_get_exception_message(DOMAIN, "tools_unanswered") + "."
+    return async_get_exception_message(
+        DOMAIN, "tools_failed", {"error": " ".join(reversed(list(errors)))}
+    )

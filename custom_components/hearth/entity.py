@@ -17,7 +17,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
-from .confirm import action_confirmation
+from .confirm import action_confirmation, repeats_earlier_calls, unanswered_outcome
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -276,3 +276,11 @@ class HearthBaseLLMEntity(Entity):
                     conversation.AssistantContent(agent_id=self.entity_id, content=said)
                 )
                 break
+            if repeats_earlier_calls(chat_log):
+                break  # it would only retry them until the round limit
+        if chat_log.unresponded_tool_results:  # no answer of the model's: say what happened
+            chat_log.async_add_assistant_content_without_tools(
+                conversation.AssistantContent(
+                    agent_id=self.entity_id, content=unanswered_outcome(chat_log)
+                )
+            )

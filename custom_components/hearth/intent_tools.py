@@ -75,6 +75,22 @@ def _only(prop: Any, allowed: list[str]) -> dict[str, Any] | None:
     return {**prop, "items": {**values, "enum": keep}}
 
 
+# Colour modes beyond on/off and brightness; Home Assistant converts between a colour and a
+# colour temperature for a light that has either, so one such light keeps both arguments.
+_PLAIN_MODES = frozenset({"onoff", "brightness"})
+_COLOUR_ARGS = ("color", "temperature")
+
+
+def exposed_lights_colour(hass: HomeAssistant, exposed: dict[str, dict[str, Any]]) -> bool:
+    """Whether an exposed light has a colour or a colour temperature to set."""
+    for entity_id in exposed:
+        if entity_id.startswith("light.") and (state := hass.states.get(entity_id)):
+            modes = state.attributes.get("supported_color_modes") or ()
+            if set(modes) - _PLAIN_MODES:
+                return True
+    return False
+
+
 def narrow_intent_kinds(
     hass: HomeAssistant,
     llm_api: llm.APIInstance,
@@ -85,14 +101,21 @@ def narrow_intent_kinds(
     (in place): a call naming others matches nothing, and a small model offered every
     device class lists them all (the 1.5B wrote 30 into "turn on the kitchen light", which
     then matched nothing). ``floor`` keeps to the home's floors (the 1.5B wrote "Floor" into
-    a home without any). An argument with no value left goes."""
+    a home without any). An argument with no value left goes. ``color`` and ``temperature``
+    go from ``HassLightSet`` where no exposed light has a colour: the 0.5B set both with the
+    brightness, and Home Assistant refused the whole call (two colour descriptors)."""
     domains, classes = exposed_kinds(hass, exposed)
     floors = floor_names(hass)
+    colour = exposed_lights_colour(hass, exposed)
     for tool, described in zip(llm_api.tools, formatted, strict=True):
-        if _intent(tool) is None:
+        if (base := _intent(tool)) is None:
             continue
         params = described["function"]["parameters"]
         props = params.get("properties") or {}
+        if base.intent_type == "HassLightSet" and not colour:
+            for arg in _COLOUR_ARGS:
+                if arg not in params.get("required", ()):
+                    props.pop(arg, None)
         for arg, allowed in (("domain", domains), ("device_class", classes), ("floor", floors)):
             if arg not in props:
                 continue

@@ -297,6 +297,45 @@ async def test_intent_domains_and_device_classes_keep_to_the_exposed_entities(
     assert sorted((floor.get("items") or floor)["enum"]) == ["Downstairs", "Ground floor"]
 
 
+def _light_set_params(body: dict[str, Any]) -> dict[str, Any]:
+    return next(t["function"]["parameters"] for t in body["tools"]
+                if t["function"]["name"].endswith("HassLightSet"))
+
+
+async def test_light_colour_arguments_only_where_a_light_has_colour(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    fake_entry: MockConfigEntry,
+    hass_admin_user: MockUser,
+) -> None:
+    """HassLightSet offers ``color`` and ``temperature``; a home whose exposed lights have
+    only brightness is sent neither (a small model set both with the brightness, and Home
+    Assistant refused the call). One light with a colour temperature brings both back: Home
+    Assistant converts a colour for it."""
+    assert await async_setup_component(hass, "intent", {})
+    assert await async_setup_component(hass, "light", {})
+    registry = er.async_get(hass)
+    context = Context(user_id=hass_admin_user.id)
+    agent = entity_of(hass, fake_entry, "conversation")
+
+    def light(key: str, name: str, modes: list[str]) -> None:
+        entry = registry.async_get_or_create("light", "test", key, suggested_object_id=key)
+        hass.states.async_set(entry.entity_id, STATE_OFF,
+                              {"friendly_name": name, "supported_color_modes": modes})
+        async_expose_entity(hass, "conversation", entry.entity_id, True)
+
+    light("desk", "Desk lamp", ["brightness"])
+    await conversation.async_converse(hass, "Dim the desk lamp", None, context, agent_id=agent)
+    props = _light_set_params(fake_hearth.chat_requests[-1][1])["properties"]
+    assert "brightness" in props
+    assert "color" not in props and "temperature" not in props
+
+    light("hall", "Hall light", ["color_temp"])
+    await conversation.async_converse(hass, "Warm the hall light", None, context, agent_id=agent)
+    props = _light_set_params(fake_hearth.chat_requests[-1][1])["properties"]
+    assert {"brightness", "color", "temperature"} <= set(props)
+
+
 async def test_a_call_naming_a_device_in_another_area_loses_the_area(
     hass: HomeAssistant,
     fake_hearth: FakeHearth,
@@ -346,32 +385,69 @@ async def test_exposed_names_go_once_to_a_server_that_takes_sets(
     assert first["tool_argument_values"][turn_on_tool(first)]["name"] == "$names"
 
 
+def _calling(names: list[str]) -> Any:
+    """A chat handler whose model calls HassTurnOn for the next of ``names`` on every turn
+    (the last one again once they run out), and counts the turns."""
+    turns: list[dict[str, Any]] = []
+
+    def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
+        turns.append(body)
+        name = names[min(len(turns), len(names)) - 1]
+        return [
+            {"choices": [{"index": 0, "delta": {"tool_calls": [{
+                "index": 0, "id": f"call_{len(turns)}", "type": "function",
+                "function": {"name": turn_on_tool(body), "arguments": json.dumps({"name": name})},
+            }]}, "finish_reason": "tool_calls"}]}
+        ]
+
+    handler.turns = turns  # type: ignore[attr-defined]
+    return handler
+
+
 async def test_tool_loop_is_bounded(
     hass: HomeAssistant,
     fake_hearth: FakeHearth,
     kitchen_light: str,
 ) -> None:
-    """A model that keeps calling tools is stopped after ten rounds (actions not confirmed by
-    Home Assistant: else the first call that works ends the turn)."""
+    """A model that keeps calling tools, each time another, is stopped after ten rounds
+    (actions not confirmed by Home Assistant: else the first call that works ends the turn),
+    and the turn says what the tools said instead of Home Assistant's "Unable to get
+    response"."""
     entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
-    calls = 0
-
-    def always_call(body: dict[str, Any]) -> list[dict[str, Any]]:
-        nonlocal calls
-        calls += 1
-        return [
-            {"choices": [{"index": 0, "delta": {"tool_calls": [{
-                "index": 0, "id": f"call_{calls}", "type": "function",
-                "function": {"name": "HassTurnOn", "arguments": '{"name": "Kitchen light"}'},
-            }]}, "finish_reason": "tool_calls"}]}
-        ]
-
-    fake_hearth.chat_handler = always_call
-    await conversation.async_converse(
+    fake_hearth.chat_handler = _calling([f"Attic light {n}" for n in range(20)])
+    result = await conversation.async_converse(
         hass, "Turn it on forever", None, Context(),
         agent_id=entity_of(hass, entry, "conversation"),
     )
     assert len(fake_hearth.chat_requests) == 10
+    speech = result.response.speech["plain"]["speech"]
+    assert speech.startswith("That did not work:")
+    assert "Attic light 9" in speech  # the last round's error, as Home Assistant worded it
+
+
+@pytest.mark.parametrize(("names", "said"), [
+    (["Attic light"], "That did not work: No entities matched"),
+    (["Kitchen light"], "The model used its tools but gave no answer."),
+    (["Attic light", "Kitchen light", "Attic light"], "That did not work: No entities matched"),
+])
+async def test_a_repeated_call_ends_the_turn(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    kitchen_light: str,
+    names: list[str],
+    said: str,
+) -> None:
+    """A round that only repeats calls the model made earlier in the turn ends it: a small
+    model retries a failing call until the round limit. The turn says the tools' error, or
+    that no answer came."""
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
+    fake_hearth.chat_handler = _calling(names)
+    result = await conversation.async_converse(
+        hass, "Turn on the attic light", None, Context(),
+        agent_id=entity_of(hass, entry, "conversation"),
+    )
+    assert len(fake_hearth.chat_requests) == len(names) + (names[-1] not in names[:-1])
+    assert result.response.speech["plain"]["speech"].startswith(said)
 
 
 async def _pipeline_turn(
