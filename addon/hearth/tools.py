@@ -84,9 +84,11 @@ def _json_objects(text: str) -> list[Any] | None:
         out.append(obj)
 
 
-def parse_tool_calls(text: str, names: set[str] | None = None
+def parse_tool_calls(text: str, names: set[str] | None = None, opening: bool = True
                      ) -> tuple[str, list[dict[str, Any]]]:
-    """Split model output into (content, tool_calls). Unparseable calls stay content."""
+    """Split model output into (content, tool_calls). Unparseable calls stay content.
+    ``opening=False``: ``text`` is the rest of an answer from a sign of a call on (a stream's),
+    where only what may follow prose counts."""
     if OPEN in text:
         return _hermes_calls(text, names)
     body = text.strip()
@@ -98,15 +100,17 @@ def parse_tool_calls(text: str, names: set[str] | None = None
         tagged = _tagged_calls(body, names)
         if tagged is not None:
             return tagged
-    if names and (named := _named_call(body, names)) is not None:
-        return "", [named]
-    if body.startswith(PYTHON_TAG):
-        body = body[len(PYTHON_TAG):]
-    if body.startswith("{") and (calls := _bare_calls(body, names)) is not None:
-        return "", calls
-    if (names and (at := _line_call(body, names)) > 0
-            and (calls := _bare_calls(body[at:], names)) is not None):
-        return body[:at].rstrip(), calls
+    if opening:
+        if names and (named := _named_call(body, names)) is not None:
+            return "", [named]
+        if body.startswith(PYTHON_TAG):
+            body = body[len(PYTHON_TAG):]
+        if body.startswith("{") and (calls := _bare_calls(body, names)) is not None:
+            return "", calls
+    src = body if opening else text  # unstripped, a stream's rest may open with the line
+    if (names and (at := _line_call(src, names)) >= opening
+            and (calls := _bare_calls(src[at:], names)) is not None):
+        return src[:at].rstrip(), calls
     return text, []
 
 
@@ -275,7 +279,13 @@ class ToolStream:
         self.blank, self.held, self.captured = [], "", []
         if not held:
             return "", []
-        return parse_tool_calls(held, self.names)
+        if not self.seen_text:
+            return parse_tool_calls(held, self.names)
+        # Held from a marker after text: it cannot open the answer (as ``{{`` may), and the
+        # whitespace it starts with (the line call's newline) parts the text from the rest.
+        content, calls = parse_tool_calls(held, self.names, opening=False)
+        lead = held[:len(held) - len(held.lstrip())]
+        return (lead + content.lstrip() if content.strip() else content), calls
 
 
 # -- grammars -------------------------------------------------------------------------------

@@ -107,8 +107,10 @@ def solo_logits(model, tokens: list[int]) -> np.ndarray:
 
 
 # Two tokens whose logits are this close count as a tie that kernel noise may break either way
-# (the noise measured below reaches 0.8 in single logits).
-NEAR_TIE = 0.5
+# (the noise measured below reaches 0.8 in single logits, and a flip moves two of them; 0.5
+# failed one run in three, at a margin of 0.54: how the engine cuts the prompts varies).
+# A real fault (wrong KV cells, a wrong position) parts at margins of the logits' spread, ~3.4.
+NEAR_TIE = 1.0
 
 
 def assert_parts_only_at_a_near_tie(model, prompt: list[int], ref: list[int], got: list[int]):
