@@ -119,3 +119,80 @@ def test_a_model_whose_decode_costs_more_than_half_the_target_gets_two_decodes()
     assert slow > c.cfg.min_prefill_chunk
     assert c.cost.predict(1 + slow) <= c.target() < c.cost.predict(2 + slow)
     assert cheap > 0
+
+
+def slow_composer() -> tuple[BatchComposer, SimBackend]:
+    """A large model on a CPU: a decode 50 ms, a 64-token batch 15 ms a token, so a chat
+    prompt's chunk beside streams runs past the latency target (two decodes)."""
+    c, b = composer()
+    for _ in range(4):
+        for n, per_token in ((1, 0.05), (4, 0.038), (16, 0.026), (32, 0.026), (64, 0.015),
+                             (128, 0.0145)):
+            c.cost.observe(n, per_token * n)
+    c.efficient = c.cost.efficient_size()
+    return c, b
+
+
+def steps(c: BatchComposer, reqs: list, n: int, bounded: bool = True) -> list[int]:
+    """The prefill tokens of ``n`` successive iterations (the streams keep streaming)."""
+    out = []
+    for _ in range(n):
+        out.append(sum(it.n for it in advance(c.compose(reqs, 0.0, bounded))))
+    return out
+
+
+def advance(items: list) -> list:
+    """The prefill of an iteration of ``items``, each prompt moved past its chunk (a prompt
+    whose last chunk went in streams from then on)."""
+    prefill = [it for it in items if it.req.remaining > 1]
+    for it in prefill:
+        it.req.n_past += it.n - it.output
+    return prefill
+
+
+def test_a_long_prompt_beside_streams_of_its_class_alternates_with_their_decodes():
+    """An iteration stretched past the target for a chat prompt beside chats is followed by
+    one of their decodes alone: they get two tokens where they got one. A voice prompt beside
+    the same chats goes on in every iteration; so does a prompt whose chunks keep to the
+    target, and work in an unbounded iteration."""
+    c, b = slow_composer()
+    chats = [running(b, "chat", 80, 79, i) for i in range(4)]
+    prompt = running(b, "chat", 1800, 0, 9)
+    chunks = steps(c, [*chats, prompt], 6)
+    assert all(chunks[::2]) and not any(chunks[1::2])
+    assert c.cost.predict(4 + chunks[0]) > c.target()
+
+    c, b = slow_composer()
+    voice = running(b, "voice", 1800, 0, 9)
+    assert all(steps(c, [*[running(b, "chat", 80, 79, i) for i in range(4)], voice], 6))
+
+    c, b = composer()  # fast: a chunk beside the streams keeps to the target
+    fast = steps(c, [*[running(b, "chat", 80, 79, i) for i in range(4)],
+                     running(b, "chat", 1800, 0, 9)], 6)
+    assert all(fast)
+
+    c, b = slow_composer()
+    free = steps(c, [*[running(b, "background", 80, 79, i) for i in range(4)],
+                     running(b, "background", 6000, 0, 9)], 6, bounded=False)
+    assert all(free)
+
+
+@settings(max_examples=100, deadline=None)
+@given(jobs, st.integers(0, 1))
+def test_a_waiting_prompt_goes_in_at_least_every_other_iteration(spec, slow):
+    """Over any mix of streams and prompts, on a fast or a slow model: the best prompt waits
+    at most one iteration, and only after one that ran past the target beside streams."""
+    c, b = slow_composer() if slow else composer()
+    reqs = [running(b, cls, n, n - 1 if decoding else 0, i)
+            for i, (cls, n, decoding) in enumerate(spec)]
+    over = False
+    for _ in range(8):
+        if not [r for r in reqs if r.remaining > 1]:
+            break
+        items = c.compose(reqs, 0.0, bounded=True)
+        cost = c.cost.predict(sum(it.n for it in items),
+                              sum(attention(it.n, it.start) for it in items))
+        prefill = advance(items)
+        if not prefill:
+            assert over  # a decode-only iteration follows a stretched one
+        over = bool(prefill) and len(items) > len(prefill) and cost > c.target()

@@ -42,12 +42,13 @@ def test_the_model_learns_a_concave_size_cost_and_the_attention_term():
 def test_a_long_prompt_beside_streams_is_not_held_to_minimum_chunks():
     """What held a 1,500-token chat prompt to 16-token chunks beside 4 streams (25 s to its
     first token): the budget, where not even a minimum chunk fits the latency target, is what
-    fits the stretched bound instead, and that bound holds."""
+    fits twice the stretched bound instead (the streams get the next iteration to
+    themselves), and that bound holds."""
     core, _ = make_core("hearth")
     trained(core.cost)
     budget = core.batcher.prefill_budget(4, 1.0, decode_attended=800, start=0, interactive=True)
-    assert budget >= 64
-    assert core.cost.predict(4 + budget, 800 + attention(budget, 0)) <= 8 * 0.06
+    assert budget >= 64 and core.batcher.stretching
+    assert core.cost.predict(4 + budget, 800 + attention(budget, 0)) <= 2 * 8 * 0.06
     # Calibrated, it goes at least where the cost per token levels off (128 here: 3.0 ms a
     # token against 3.4 at 64), within twice the stretched bound.
     assert core.cost.efficient_size() == 128
@@ -78,8 +79,8 @@ def test_a_size_inside_a_cheaper_larger_bucket_is_found():
 def test_a_waited_for_prompt_is_not_chunked_below_the_efficient_size_on_a_slow_model():
     """A large model on a CPU: one decode 50 ms, so the stretched bound beside 4 streams holds
     ~30 tokens at 26 ms each, where 64-token chunks cost 15 ms a token. A waited-for prompt
-    goes in chunks of the efficient size (within twice the stretch); background work does
-    not, and a fast model, whose bound already holds that size, is unchanged."""
+    goes in chunks of at least the efficient size (within twice the stretch); background
+    work does not, and a fast model, whose bound already holds that size, is unchanged."""
     core, _ = make_core("hearth")
     slow = core.cost
     for _ in range(4):
@@ -91,7 +92,7 @@ def test_a_waited_for_prompt_is_not_chunked_below_the_efficient_size_on_a_slow_m
     stretched = slow.tokens_within(8 * core.batcher.target(), beside=4)
     assert stretched + 4 < 64
     budget = core.batcher.prefill_budget(4, 1.0, start=0, interactive=True)
-    assert budget == 60
+    assert budget + 4 >= 64 and slow.predict(4 + budget) <= 2 * 8 * core.batcher.target()
     assert core.batcher.prefill_budget(4, 1.0, start=0) == core.cfg.min_prefill_chunk
 
     fast, _ = make_core("hearth")

@@ -21,6 +21,10 @@ class BatchComposer:
         # measured once at position 0, not refitted while serving, where the attention term
         # moves each size's fitted cost by more than the margin that picks it.
         self.efficient = 0
+        # The last budget stretched past the target for a waited-for prompt, and the last
+        # iteration so held one beside streams.
+        self.stretching = False
+        self.stretched = False
 
     def calibrate(self, token: int, rounds: int = 2) -> None:
         """Seed the cost model (and warm the kernels) with a few decodes of known size before
@@ -57,6 +61,7 @@ class BatchComposer:
         ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
         of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it);
         the batch's room when the policy does not keep iterations to the bound (``bounded``)."""
+        self.stretching = False
         cap = max(0, self.b.n_batch - n_decode)
         if not bounded:
             return cap
@@ -68,13 +73,17 @@ class BatchComposer:
 
         n = within(stretch * target)
         if n < self.cfg.min_prefill_chunk:
-            # Not even a minimum chunk fits the target beside these streams (on a CPU a small
-            # batch costs nearly as much per token as a decode). Someone waiting for this
-            # prompt gets what fits in the voice stretch: the streams wait not much longer
-            # than for a minimum chunk, and the prompt goes several times faster. Work no one
-            # waits for keeps to the minimum chunk, and the streams' cadence.
+            # Not even a minimum chunk fits the target beside these streams (a large model on
+            # a CPU, where a small batch costs nearly as much per token as a decode). Someone
+            # waiting for this prompt gets what fits in twice the voice stretch, and streams
+            # of its class get the next iteration to themselves (compose): their pace stays
+            # about one token a stretch, and the prompt goes in chunks whose fixed cost
+            # (the streams' decodes, attention over the pool) is spread thin. Smaller chunks
+            # cost more (the 1.5B beside four chats: 28-token chunks 46 s to the first
+            # token, 64-token ones 34 s). Work no one waits for keeps to the minimum chunk.
+            self.stretching = interactive
             n = max(self.cfg.min_prefill_chunk,
-                    within(VOICE_PREFILL_STRETCH * target) if interactive else 0)
+                    within(2 * VOICE_PREFILL_STRETCH * target) if interactive else 0)
         knee = self.efficient - n_decode
         if interactive and knee > n and (self.cost.predict(self.efficient)
                                          <= 2 * VOICE_PREFILL_STRETCH * target):
@@ -96,22 +105,29 @@ class BatchComposer:
             items.append(BatchItem(r, r.n_past, 1, True))
         prefilling, large = self.policy.prefill_plan(
             self.policy.order([r for r in running if r.remaining > 1], now))
+        stretched, self.stretched = self.stretched, False
         if not prefilling:  # a decode-only iteration: no budget to search for
             return items
+        head = prefilling[0]
+        if stretched and items and self.policy.yields_to_streams(
+                head.rank, [r.rank for r in decoding]):
+            return items  # the streams' turn, between two long chunks (see the policy)
+        self.stretching = False
         if large and not items:  # no stream to hold up: the whole batch
             budget = self.b.n_batch
         else:  # beside running streams: one latency target, or a few for large chunks
-            head = prefilling[0]
             budget = self.prefill_budget(
                 len(items), VOICE_PREFILL_STRETCH if large else 1.0,
                 sum(attention(1, r.n_past) for r in decoding), head.n_past,
                 self.policy.waited_for(head.rank), bounded)
+        n_decode = len(items)
         for r in prefilling:
             if budget <= 0:
                 break
             n = min(r.remaining, budget)
             items.append(BatchItem(r, r.n_past, n, n == r.remaining))
             budget -= n
+        self.stretched = self.stretching and 0 < n_decode < len(items)
         return items
 
     def alone(self, r: Request, bounded: bool) -> list[BatchItem]:

@@ -35,6 +35,16 @@ class IterationRules:
             return [r for r in prefilling if r.rank <= INTERACTIVE_RANK], False
         return prefilling, False
 
+    def yields_to_streams(self, rank: int, streams: Sequence[int]) -> bool:
+        """Whether a prompt of class ``rank`` whose last iteration ran past the latency
+        target beside running streams (of classes ``streams``) lets them decode alone next:
+        in hearth mode, when one of them is of its class or higher. On a CPU an iteration
+        holding a prompt's chunk costs several decodes (the 1.5B beside four chats: 1.1 s
+        against 0.13 s), so the chats beside a long chat prompt get two tokens where they got
+        one, and its first token comes ~15 % later. A voice prompt outranks the chats beside
+        it and goes on."""
+        return self.cfg.mode == "hearth" and min(streams, default=rank + 1) <= rank
+
     # -- what an iteration may spend -------------------------------------------------------
     def bounded(self, relax: bool, best_waiting: int, running: Iterable[Any]) -> bool:
         """Whether prefill and embedding iterations keep to the latency target: always, but
