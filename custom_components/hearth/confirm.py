@@ -133,14 +133,18 @@ def unanswered_outcome(chat_log: conversation.ChatLog) -> str:
     """What the turn says when the model's tools ran and it gave no answer of its own: the
     tools' errors as Home Assistant worded them, or that no answer came."""
     errors: dict[str, None] = {}
+    failed = False
     for content in reversed(chat_log.content):
         if not isinstance(content, conversation.ToolResultContent):
             break
         data = tool_result_data(content)
         if isinstance(data, dict) and (text := data.get("error_text") or data.get("error")):
-            errors[str(text)] = None
-    if not errors:
-        return async_get_exception_message(DOMAIN, "tools_unanswered") + "."
-    return async_get_exception_message(
-        DOMAIN, "tools_failed", {"error": " ".join(reversed(list(errors)))}
-    )
+            failed = True
+            if not str(text).startswith("<"):  # 2026.2 words a failed match as its repr
+                errors[str(text)] = None
+    if errors:
+        return async_get_exception_message(
+            DOMAIN, "tools_failed", {"error": " ".join(reversed(list(errors)))}
+        )
+    key = "tools_failed_unworded" if failed else "tools_unanswered"
+    return async_get_exception_message(DOMAIN, key) + "."

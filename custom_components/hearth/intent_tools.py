@@ -112,7 +112,9 @@ def narrow_intent_kinds(
             continue
         params = described["function"]["parameters"]
         props = params.get("properties") or {}
-        if base.intent_type == "HassLightSet" and not colour:
+        # An intent tool of 2026.2 keeps only its name (the intent type, slugified).
+        kind = str(getattr(base, "intent_type", base.name)).casefold()
+        if kind == "hasslightset" and not colour:
             for arg in _COLOUR_ARGS:
                 if arg not in params.get("required", ()):
                     props.pop(arg, None)
