@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sim_backend import SimBackend, request
+from sim_backend import SimBackend, observe_slow_cpu, request
 
 from hearth.engine.base import EngineConfig
 from hearth.engine.batching import BatchComposer
@@ -125,10 +125,7 @@ def slow_composer() -> tuple[BatchComposer, SimBackend]:
     """A large model on a CPU: a decode 50 ms, a 64-token batch 15 ms a token, so a chat
     prompt's chunk beside streams runs past the latency target (two decodes)."""
     c, b = composer()
-    for _ in range(4):
-        for n, per_token in ((1, 0.05), (4, 0.038), (16, 0.026), (32, 0.026), (64, 0.015),
-                             (128, 0.0145)):
-            c.cost.observe(n, per_token * n)
+    observe_slow_cpu(c.cost)
     c.efficient = c.cost.efficient_size()
     return c, b
 

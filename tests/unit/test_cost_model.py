@@ -3,7 +3,7 @@ token as one decode, large ones several times less, and attention grows with pos
 
 from __future__ import annotations
 
-from sim_backend import make_core
+from sim_backend import make_core, observe_slow_cpu
 
 from hearth.engine import CostModel
 from hearth.engine.cost import attention
@@ -83,10 +83,7 @@ def test_a_waited_for_prompt_is_not_chunked_below_the_efficient_size_on_a_slow_m
     work does not, and a fast model, whose bound already holds that size, is unchanged."""
     core, _ = make_core("hearth")
     slow = core.cost
-    for _ in range(4):
-        for n, per_token in ((1, 0.05), (4, 0.038), (16, 0.026), (32, 0.026), (64, 0.015),
-                             (128, 0.0145)):
-            slow.observe(n, per_token * n)
+    observe_slow_cpu(slow)
     assert slow.efficient_size() == 64
     core.batcher.efficient = slow.efficient_size()  # as calibration sets it
     stretched = slow.tokens_within(8 * core.batcher.target(), beside=4)

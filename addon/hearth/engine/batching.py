@@ -112,7 +112,6 @@ class BatchComposer:
         if stretched and items and self.policy.yields_to_streams(
                 head.rank, [r.rank for r in decoding]):
             return items  # the streams' turn, between two long chunks (see the policy)
-        self.stretching = False
         if large and not items:  # no stream to hold up: the whole batch
             budget = self.b.n_batch
         else:  # beside running streams: one latency target, or a few for large chunks
