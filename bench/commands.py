@@ -123,6 +123,7 @@ class Bench:
             results.append({"mode": mode, "id": case["id"], "kind": case["kind"],
                             "text": case["text"], "passed": passed, "local": turn["local"],
                             "seconds": round(seconds, 3), "speech": turn["speech"][:200],
+                            "calls": turn.get("calls", []),
                             "before": before, "after": after, "error": error})
             if self.log:  # each case as it ends, so a run stopped early still shows its turns
                 with self.log.open("a") as f:
@@ -171,6 +172,13 @@ def summary(results: list[dict[str, Any]], model: str, busy: int,
         lines.append(f"| {mode} | {sum(r['passed'] for r in rows)}/{len(rows)} | "
                      + " | ".join(f"{by_kind[k]}/{total[k]}" for k in kinds)
                      + f" | {len(local)} | {span(local)} | {span(model_t)} |")
+    failed = [r for r in results if not r["passed"]]
+    if failed:  # what the model did and said where a case failed, to read beside the table
+        lines += ["", "Failed cases:", ""]
+        for r in failed:
+            did = "; ".join(r.get("calls") or ()) or "no call"
+            lines.append(f"- [{r['mode']}] {r['id']} {r['text']!r}: {did}; said "
+                         f"{r['speech'][:100]!r}{'; ' + r['error'] if r['error'] else ''}")
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,8 @@ that calls tools on cue."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers import llm
+from homeassistant.helpers.json import json_dumps
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
@@ -297,6 +300,38 @@ async def test_intent_domains_and_device_classes_keep_to_the_exposed_entities(
     assert sorted((floor.get("items") or floor)["enum"]) == ["Downstairs", "Ground floor"]
 
 
+async def test_the_hinted_call_for_everything_switches_every_exposed_device(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    hass_admin_user: MockUser,
+) -> None:
+    """The call :data:`CALL_HINT` asks for "all the lights" or "everything" (the domain alone)
+    fits the tool as sent (no name required, the domain among those exposed) and switches
+    every exposed device of the domain, not one, nor an unexposed one."""
+    assert await async_setup_component(hass, "intent", {})
+    lights = {"kitchen_light": True, "porch_light": True, "cellar_light": False}
+    assert await async_setup_component(hass, "input_boolean", {"input_boolean": {
+        key: {"initial": False} for key in lights}})
+    await hass.async_block_till_done()
+    for key, exposed in lights.items():
+        async_expose_entity(hass, "conversation", f"input_boolean.{key}", exposed)
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
+    fake_hearth.chat_handler = lambda body: tool_call_script(body, {"domain": ["input_boolean"]})
+
+    await conversation.async_converse(
+        hass, "Turn on all the lights", None, Context(user_id=hass_admin_user.id),
+        agent_id=entity_of(hass, entry, "conversation"),
+    )
+
+    params = _turn_on_params(fake_hearth.chat_requests[0][1])
+    assert "name" not in params.get("required", ())
+    domain = params["properties"]["domain"]
+    assert (domain.get("items") or domain)["enum"] == ["input_boolean"]
+    states = {key: hass.states.get(f"input_boolean.{key}").state for key in lights}
+    assert states == {"kitchen_light": STATE_ON, "porch_light": STATE_ON,
+                      "cellar_light": STATE_OFF}
+
+
 def _light_set_params(body: dict[str, Any]) -> dict[str, Any] | None:
     return next((t["function"]["parameters"] for t in body["tools"]
                  if t["function"]["name"].endswith("HassLightSet")), None)
@@ -476,6 +511,28 @@ async def _pipeline_turn(
             hass, text, session.conversation_id, Context(), agent_id=agent_id
         )
         return result, deltas, chat_log.content[-1]
+
+
+async def test_the_command_benchmark_reads_the_calls_from_the_pipeline_events(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry,
+    kitchen_light: str,
+) -> None:
+    """``make bench-commands`` reports what the model did from a pipeline run's events: each
+    call with its arguments, and a failed call's error (the deltas as the websocket sends
+    them, through Home Assistant's JSON encoder)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "demo"))
+    from hearth_demo.haclient import tool_calls
+
+    fake_hearth.chat_handler = lambda body: tool_call_script(body, {"name": "Garage door"})
+    agent_id = entity_of(hass, fake_entry, "conversation")
+    _, deltas, _ = await _pipeline_turn(hass, agent_id, "Open the garage door")
+
+    events = [{"type": "intent-progress", "data": json.loads(json_dumps({"chat_log_delta": d}))}
+              for d in deltas]
+    calls = tool_calls(events)
+    assert len(calls) == 2, calls
+    assert calls[0].endswith('HassTurnOn({"name": "Garage door"})'), calls
+    assert calls[1].startswith("  -> error: ") and "Garage door" in calls[1], calls
 
 
 async def test_listened_turn_streams_and_stays_chat(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -238,14 +239,15 @@ class HomeAssistantClient:
                             conversation_id: str | None = None, device_id: str | None = None,
                             timeout_s: float = 120) -> dict[str, Any]:
         """One text turn through the pipeline's intent stage: the spoken answer, the
-        conversation to continue, and whether Home Assistant's own intents handled it
-        (``local``) rather than the conversation agent."""
+        conversation to continue, whether Home Assistant's own intents handled it
+        (``local``) rather than the conversation agent, and the agent's tool ``calls``."""
         fields: dict[str, Any] = {
             "start_stage": "intent", "end_stage": "intent", "input": {"text": text},
             "pipeline": pipeline_id, "device_id": device_id, "timeout": int(timeout_s)}
         if conversation_id:
             fields["conversation_id"] = conversation_id
         events = await self.ws_events("assist_pipeline/run", fields, timeout_s=timeout_s + 5)
+        calls = tool_calls(events)
         for event in events:
             if event.get("type") == "error":
                 raise HAError(f"assist pipeline error: {event.get('data')}")
@@ -255,6 +257,28 @@ class HomeAssistantClient:
                 speech = ((output.get("response") or {}).get("speech") or {}).get("plain") or {}
                 return {"speech": str(speech.get("speech", "")),
                         "conversation_id": output.get("conversation_id"),
-                        "local": bool(data.get("processed_locally"))}
+                        "local": bool(data.get("processed_locally")), "calls": calls}
         kinds = [event.get("type") for event in events]
         raise HAError(f"assist pipeline ended without an answer: {kinds}; last {events[-2:]}")
+
+
+def tool_calls(events: list[dict[str, Any]]) -> list[str]:
+    """The tool calls a pipeline run's streamed chat log made, as ``name(arguments)``, each
+    followed by its result's error where it failed: what the model did, beside what it said."""
+    out: list[str] = []
+    for event in events:
+        if event.get("type") != "intent-progress":
+            continue
+        delta = (event.get("data") or {}).get("chat_log_delta") or {}
+        for call in delta.get("tool_calls") or ():
+            args = json.dumps(call.get("tool_args"), sort_keys=True)
+            out.append(f"{call.get('tool_name')}({args})")
+        result = delta.get("tool_result")  # the result's data, in every release tested
+        if not isinstance(result, dict):
+            continue
+        if "error" in result:  # the tool raised
+            out.append(f"  -> error: {str(result.get('error_text') or result['error'])[:120]}")
+        elif result.get("response_type") == "error":  # the intent answered with an error
+            speech = ((result.get("speech") or {}).get("plain") or {}).get("speech")
+            out.append(f"  -> error: {str(speech)[:120]}")
+    return out
