@@ -221,6 +221,22 @@ class SimBackend(SampleAfterDecode):
         return 2048, 32
 
 
+class Scripted(SimBackend):
+    """Generates the given text pieces in order, one a token, then end-of-generation."""
+
+    def __init__(self, pieces: list[str]):
+        super().__init__()
+        self.pieces = pieces
+        self.n = 0
+
+    def sample(self, sampler, i):
+        self.n += 1
+        return 100 + self.n if self.n <= len(self.pieces) else EOG
+
+    def piece(self, token):
+        return self.pieces[token - 101].encode()
+
+
 class Collector:
     """A sink that records events with the virtual time they were delivered."""
 

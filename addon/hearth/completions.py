@@ -26,6 +26,7 @@ from .schema_limits import (
     check_tools,
 )
 from .tools import (
+    RESPONSE_OPEN,
     ToolStream,
     lazy_call_grammar,
     lazy_call_trigger,
@@ -151,9 +152,15 @@ class Completion:
             tokens = self._text_prompt(body)  # type: ignore[arg-type]
             max_tokens = body.max_tokens or 16
         self.stream = AsyncStream(loop)
+        stops = body.stops()
+        if self.tools is not None:
+            # A tool's answer is the tool's, never the model's: a small model that writes
+            # one has made it up (the 1.5B, asked "and the porch light too", wrote the
+            # light's "Turned on" result instead of the call). Its answer ends there.
+            stops.append(RESPONSE_OPEN)
         self.request = Request(
             prompt=tokens, rank=rank, sink=self.stream,
-            user=user or body.user or "anonymous", max_tokens=max_tokens, stop=body.stops(),
+            user=user or body.user or "anonymous", max_tokens=max_tokens, stop=stops,
             ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar, self.trigger),
             reasoning=self.reasoning, keep_rank=keep_rank)
 

@@ -148,3 +148,18 @@ def unanswered_outcome(chat_log: conversation.ChatLog) -> str:
         )
     key = "tools_failed_unworded" if failed else "tools_unanswered"
     return async_get_exception_message(DOMAIN, key) + "."
+
+
+def said_nothing(chat_log: conversation.ChatLog) -> str | None:
+    """What the turn says when the model's last answer has neither a word nor a call, or
+    None: a small model that wrote a tool's answer instead of calling the tool, which the
+    server cuts at the tool's tag (the 1.5B, asked "and the porch light too"). An empty
+    answer adds nothing to the chat log, where Home Assistant says "Unable to get response",
+    as if the server had failed."""
+    last = chat_log.content[-1] if chat_log.content else None
+    if isinstance(last, conversation.AssistantContent):
+        if last.tool_calls or (last.content or "").strip():
+            return None
+    elif not isinstance(last, conversation.UserContent):
+        return None
+    return async_get_exception_message(DOMAIN, "no_answer") + "."

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from sim_backend import EOG, Collector, SimBackend, make_core, run_until
+from sim_backend import Collector, Scripted, make_core, run_until
 
 from hearth.api_models import ChatCompletionRequest
 from hearth.completions import Completion
@@ -132,22 +132,6 @@ def test_streamed_pieces_join_to_the_whole_split(reasoning, answer, lead, shape,
 
 
 # -- the engine: stops see the answer only -----------------------------------------------------
-class Scripted(SimBackend):
-    """Generates the given pieces in order, then end-of-generation."""
-
-    def __init__(self, pieces: list[str]):
-        super().__init__()
-        self.pieces = pieces
-        self.n = 0
-
-    def sample(self, sampler, i):
-        self.n += 1
-        return 100 + self.n if self.n <= len(self.pieces) else EOG
-
-    def piece(self, token):
-        return self.pieces[token - 101].encode()
-
-
 @pytest.mark.parametrize("split", [True, False])
 def test_engine_matches_stops_on_the_answer_only(split):
     pieces = ["<", "think", ">", "I must not say STOP", " yet.", "</", "think", ">", " Done",
