@@ -17,7 +17,12 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
-from .confirm import action_confirmation, repeats_earlier_calls, unanswered_outcome
+from .confirm import (
+    action_confirmation,
+    repeats_earlier_calls,
+    said_nothing,
+    unanswered_outcome,
+)
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -33,7 +38,7 @@ from .const import (
 )
 from .coordinator import HearthQueueCoordinator
 from .intent_tools import (
-    area_repair,
+    call_repair,
     intent_argument_values,
     narrow_intent_kinds,
     shared_argument_sets,
@@ -224,7 +229,9 @@ class HearthBaseLLMEntity(Entity):
         exposed = turn_exposed(self.hass, chat_log.llm_api)
         features = data.health.get("features") or ()
         body.update(tool_fields(self.hass, chat_log.llm_api, features, exposed))
-        repair = area_repair(chat_log.llm_api, exposed)
+        asked = next((c.content for c in reversed(chat_log.content)
+                      if isinstance(c, conversation.UserContent)), "")
+        repair = call_repair(chat_log.llm_api, body.get("tools") or [], exposed, asked)
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
@@ -278,9 +285,12 @@ class HearthBaseLLMEntity(Entity):
                 break
             if repeats_earlier_calls(chat_log):
                 break  # it would only retry them until the round limit
+        said = None
         if chat_log.unresponded_tool_results:  # no answer of the model's: say what happened
+            said = unanswered_outcome(chat_log)
+        elif structure is None:
+            said = said_nothing(chat_log)
+        if said:
             chat_log.async_add_assistant_content_without_tools(
-                conversation.AssistantContent(
-                    agent_id=self.entity_id, content=unanswered_outcome(chat_log)
-                )
+                conversation.AssistantContent(agent_id=self.entity_id, content=said)
             )

@@ -1,10 +1,12 @@
 """Assist's intent tools as a small model should see and call them: their arguments held to
 the home's exposed names, domains, device classes and floors; a call naming a device in an
-area it is not in repaired; one sentence of guidance for follow-ups. Measured with ``make
-bench-commands MODEL=qwen1.5b`` (README, issue 30)."""
+area it is not in, or naming no target while the request named one, repaired; a few
+sentences of guidance (follow-ups, "all the lights", questions). Measured with
+``make bench-commands MODEL=qwen1.5b`` (README, issue 30)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -177,3 +179,63 @@ def area_repair(
         return {key: value for key, value in args.items() if key != "area"}
 
     return repair
+
+
+_TARGETS = ("name", "area", "floor")
+
+
+def named_target(text: str, exposed: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The one exposed device, else the one area, that the request ``text`` names in so many
+    words (any case): ``{"name": …}`` or ``{"area": …}``; nothing where it names none, or
+    several (each wants its own call)."""
+    folded = text.casefold()
+    names, areas = exposed_names(exposed)
+
+    def said(words: list[str]) -> dict[str, str]:
+        return {w.casefold(): w for w in words
+                if re.search(rf"(?<!\w){re.escape(w.casefold())}(?!\w)", folded)}
+
+    if len(devices := said(names)) == 1:
+        return {"name": next(iter(devices.values()))}
+    if not devices and len(places := said(areas)) == 1:
+        return {"area": next(iter(places.values()))}
+    return {}
+
+
+def scope_repair(
+    llm_api: llm.APIInstance | None,
+    tools: list[dict[str, Any]],
+    exposed: dict[str, dict[str, Any]],
+    text: str,
+) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """A repair for the model's intent calls: a call with no target at all (only a domain, or
+    nothing) while the request named one exposed device or one area is held to it. Told to
+    pass only the domain for "all the lights", the 1.5B passed only the domain for "light up
+    the porch" and "turn on the lights in the kitchen" too, and every light went on. A
+    request naming no device or area ("turn everything off") keeps the call as it is."""
+    target = named_target(text, exposed)
+    accepts = {t["function"]["name"]: set(t["function"]["parameters"].get("properties") or ())
+               for t in tools}
+    intents = {name for name in intent_tools(llm_api) if "Timer" not in name}
+
+    def repair(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
+        if (not target or tool_name not in intents or any(args.get(k) for k in _TARGETS)
+                or not set(target) <= accepts.get(tool_name, set())):
+            return args
+        LOGGER.debug("%s names no target; the request named %s", tool_name, target)
+        return {**args, **target}
+
+    return repair
+
+
+def call_repair(
+    llm_api: llm.APIInstance | None,
+    tools: list[dict[str, Any]],
+    exposed: dict[str, dict[str, Any]],
+    text: str,
+) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """Both repairs of the model's intent calls, for a turn asking ``text``: a wrong area
+    dropped (:func:`area_repair`), a missing target added (:func:`scope_repair`)."""
+    area = area_repair(llm_api, exposed)
+    scope = scope_repair(llm_api, tools, exposed, text)
+    return lambda tool_name, args: scope(tool_name, area(tool_name, args))

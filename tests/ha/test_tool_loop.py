@@ -300,38 +300,6 @@ async def test_intent_domains_and_device_classes_keep_to_the_exposed_entities(
     assert sorted((floor.get("items") or floor)["enum"]) == ["Downstairs", "Ground floor"]
 
 
-async def test_the_hinted_call_for_everything_switches_every_exposed_device(
-    hass: HomeAssistant,
-    fake_hearth: FakeHearth,
-    hass_admin_user: MockUser,
-) -> None:
-    """The call :data:`CALL_HINT` asks for "all the lights" or "everything" (the domain alone)
-    fits the tool as sent (no name required, the domain among those exposed) and switches
-    every exposed device of the domain, not one, nor an unexposed one."""
-    assert await async_setup_component(hass, "intent", {})
-    lights = {"kitchen_light": True, "porch_light": True, "cellar_light": False}
-    assert await async_setup_component(hass, "input_boolean", {"input_boolean": {
-        key: {"initial": False} for key in lights}})
-    await hass.async_block_till_done()
-    for key, exposed in lights.items():
-        async_expose_entity(hass, "conversation", f"input_boolean.{key}", exposed)
-    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
-    fake_hearth.chat_handler = lambda body: tool_call_script(body, {"domain": ["input_boolean"]})
-
-    await conversation.async_converse(
-        hass, "Turn on all the lights", None, Context(user_id=hass_admin_user.id),
-        agent_id=entity_of(hass, entry, "conversation"),
-    )
-
-    params = _turn_on_params(fake_hearth.chat_requests[0][1])
-    assert "name" not in params.get("required", ())
-    domain = params["properties"]["domain"]
-    assert (domain.get("items") or domain)["enum"] == ["input_boolean"]
-    states = {key: hass.states.get(f"input_boolean.{key}").state for key in lights}
-    assert states == {"kitchen_light": STATE_ON, "porch_light": STATE_ON,
-                      "cellar_light": STATE_OFF}
-
-
 def _light_set_params(body: dict[str, Any]) -> dict[str, Any] | None:
     return next((t["function"]["parameters"] for t in body["tools"]
                  if t["function"]["name"].endswith("HassLightSet")), None)
@@ -486,6 +454,23 @@ async def test_a_repeated_call_ends_the_turn(
     )
     assert len(fake_hearth.chat_requests) == len(names) + (names[-1] not in names[:-1])
     assert result.response.speech["plain"]["speech"].startswith(said)
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ("", "The model gave no answer."), (" \n", "The model gave no answer."), ("Hi.", "Hi.")])
+async def test_an_answer_with_neither_words_nor_calls_is_said_as_none(
+    hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry,
+    answer: str, said: str,
+) -> None:
+    """A model answer with no text and no call (the server cuts a made-up tool answer at its
+    tag) is said as such, once, rather than as silence; any text is the model's answer."""
+    fake_hearth.chat_handler = lambda body: text_chunks(answer)
+    result = await conversation.async_converse(
+        hass, "And the porch light too.", None, Context(),
+        agent_id=entity_of(hass, fake_entry, "conversation"),
+    )
+    assert result.response.speech["plain"]["speech"] == said
+    assert len(fake_hearth.chat_requests) == 1
 
 
 async def _pipeline_turn(
