@@ -11,7 +11,8 @@ lights end as it expects: the entity states are scored, not the text. Modes: ``l
 pipeline prefers Home Assistant's own intents and hands the rest to Hearth, the recommended
 set-up) and ``model`` (every turn goes to the model). ``--busy N`` keeps N background jobs
 running on the server meanwhile. Results: bench/results/commands-<time>/{results.json,summary.md}
-(cases.jsonl: each case as it ends).
+(cases.jsonl: each case as it ends, with the calls the model made and what the server did for
+it: requests, summed time to first token and e2e, tokens generated).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "demo"))
@@ -73,10 +75,47 @@ def matches(want: str | int, got: str | int) -> bool:
     return got != "off" and abs(int(got) - int(want)) <= TOLERANCE_PCT
 
 
+# The server's histograms (summed over classes) whose change over a case says what the server
+# did for it: requests and their time to first token, tokens (one more than the gaps), e2e.
+SERVER_FIGURES = {"hearth_time_to_first_token_seconds": "ttft",
+                  "hearth_inter_token_latency_seconds": "gaps",
+                  "hearth_e2e_request_latency_seconds": "e2e"}
+
+
+async def server_figures(session: aiohttp.ClientSession, server_url: str) -> dict[str, float]:
+    """Counts and sums of the server's latency histograms, from its /metrics."""
+    async with session.get(server_url + "/metrics") as r:
+        text = await r.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if (name := SERVER_FIGURES.get(family.name)) is None:
+            continue
+        for sample in family.samples:
+            for suffix in ("_count", "_sum"):
+                if sample.name.endswith(suffix):
+                    key = name + suffix
+                    out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def server_share(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the server did during one case: its requests, their summed time to first token
+    and e2e, and the tokens they generated."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    requests = d.get("e2e_count", 0.0)
+    return {"requests": int(requests), "ttft_s": round(d.get("ttft_sum", 0.0), 3),
+            "tokens": int(d.get("gaps_count", 0.0) + requests),
+            "e2e_s": round(d.get("e2e_sum", 0.0), 3)}
+
+
 class Bench:
-    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any], log: Path | None = None):
-        self.ha, self.spec, self.log = ha, spec, log
+    def __init__(self, ha: HomeAssistantClient, spec: dict[str, Any], log: Path | None = None,
+                 server: tuple[aiohttp.ClientSession, str] | None = None):
+        self.ha, self.spec, self.log, self.server = ha, spec, log, server
         self.lights = [f"light.{name}" for name in spec["lights"]]
+
+    async def figures(self) -> dict[str, float]:
+        return await server_figures(*self.server) if self.server else {}
 
     async def states(self) -> dict[str, str | int]:
         return {e.split(".", 1)[1]: light_value(await self.ha.state(e)) for e in self.lights}
@@ -108,6 +147,7 @@ class Bench:
             if "after" not in case:
                 await self.set_lights(case.get("setup") or {})
             before = await self.states()
+            figures = await self.figures()
             t0 = time.monotonic()
             try:
                 turn = await self.ha.pipeline_turn(case["text"], pipeline_id,
@@ -116,6 +156,7 @@ class Bench:
             except Exception as err:  # a failed turn scores as failed, the run goes on
                 turn, error = {"speech": "", "conversation_id": None, "local": False}, str(err)
             seconds = time.monotonic() - t0
+            server = server_share(figures, await self.figures()) if self.server else None
             conversations[case["id"]] = turn["conversation_id"]
             after = await self.states()
             expected = {**before, **case["expect"]}
@@ -123,7 +164,8 @@ class Bench:
             results.append({"mode": mode, "id": case["id"], "kind": case["kind"],
                             "text": case["text"], "passed": passed, "local": turn["local"],
                             "seconds": round(seconds, 3), "speech": turn["speech"][:200],
-                            "calls": turn.get("calls", []),
+                            "calls": turn.get("calls", []), "wrote": turn.get("wrote", ""),
+                            "server": server,
                             "before": before, "after": after, "error": error})
             if self.log:  # each case as it ends, so a run stopped early still shows its turns
                 with self.log.open("a") as f:
@@ -195,7 +237,7 @@ async def bench(args: argparse.Namespace, ha_url: str, server_url: str, say) -> 
         busy = asyncio.create_task(keep_busy(server_url, args.busy, stop)) if args.busy else None
         try:
             args.out.mkdir(parents=True, exist_ok=True)
-            b = Bench(ha, spec, log=args.out / "cases.jsonl")
+            b = Bench(ha, spec, log=args.out / "cases.jsonl", server=(session, server_url))
             results = []
             for mode in args.modes.split(","):
                 results += await b.run_mode(mode, say)

@@ -503,10 +503,10 @@ async def test_the_command_benchmark_reads_the_calls_from_the_pipeline_events(
     kitchen_light: str,
 ) -> None:
     """``make bench-commands`` reports what the model did from a pipeline run's events: each
-    call with its arguments, and a failed call's error (the deltas as the websocket sends
-    them, through Home Assistant's JSON encoder)."""
+    call with its arguments, a failed call's error, and the text it wrote (the deltas as the
+    websocket sends them, through Home Assistant's JSON encoder)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "demo"))
-    from hearth_demo.haclient import tool_calls
+    from hearth_demo.haclient import model_text, tool_calls
 
     fake_hearth.chat_handler = lambda body: tool_call_script(body, {"name": "Garage door"})
     agent_id = entity_of(hass, fake_entry, "conversation")
@@ -518,6 +518,7 @@ async def test_the_command_benchmark_reads_the_calls_from_the_pipeline_events(
     assert len(calls) == 2, calls
     assert calls[0].endswith('HassTurnOn({"name": "Garage door"})'), calls
     assert calls[1].startswith("  -> error: "), calls  # worded per release (2026.2: a repr)
+    assert model_text(events) == "The kitchen light is on."  # the answer after the result
 
 
 async def test_listened_turn_streams_and_stays_chat(

@@ -240,7 +240,8 @@ class HomeAssistantClient:
                             timeout_s: float = 120) -> dict[str, Any]:
         """One text turn through the pipeline's intent stage: the spoken answer, the
         conversation to continue, whether Home Assistant's own intents handled it
-        (``local``) rather than the conversation agent, and the agent's tool ``calls``."""
+        (``local``) rather than the conversation agent, the agent's tool ``calls`` and the
+        text its model ``wrote`` (which the spoken answer may replace)."""
         fields: dict[str, Any] = {
             "start_stage": "intent", "end_stage": "intent", "input": {"text": text},
             "pipeline": pipeline_id, "device_id": device_id, "timeout": int(timeout_s)}
@@ -257,7 +258,8 @@ class HomeAssistantClient:
                 speech = ((output.get("response") or {}).get("speech") or {}).get("plain") or {}
                 return {"speech": str(speech.get("speech", "")),
                         "conversation_id": output.get("conversation_id"),
-                        "local": bool(data.get("processed_locally")), "calls": calls}
+                        "local": bool(data.get("processed_locally")), "calls": calls,
+                        "wrote": model_text(events)}
         kinds = [event.get("type") for event in events]
         raise HAError(f"assist pipeline ended without an answer: {kinds}; last {events[-2:]}")
 
@@ -282,3 +284,18 @@ def tool_calls(events: list[dict[str, Any]]) -> list[str]:
             speech = ((result.get("speech") or {}).get("plain") or {}).get("speech")
             out.append(f"  -> error: {str(speech)[:120]}")
     return out
+
+
+def model_text(events: list[dict[str, Any]]) -> str:
+    """The text a pipeline run's streamed chat log received from the agent, its messages
+    joined by " | ": what the model wrote, calls aside."""
+    messages: list[str] = []
+    for event in events:
+        if event.get("type") != "intent-progress":
+            continue
+        delta = (event.get("data") or {}).get("chat_log_delta") or {}
+        if delta.get("role") == "assistant":
+            messages.append("")
+        if isinstance(content := delta.get("content"), str) and messages:
+            messages[-1] += content
+    return " | ".join(m for m in messages if m)
