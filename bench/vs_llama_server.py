@@ -10,7 +10,10 @@ up for the whole run; each scenario runs on one while the other idles, in interl
   3. aggregate generated tokens/s of 8 concurrent streaming chats (median of the rounds).
 
 Usage: python bench/vs_llama_server.py [--quick] [--rounds N] [--model PATH]
-       [--out bench/results]   (make bench-vs MODEL=qwen1.5b: a household model)
+       [--gpu-layers N] [--out bench/results]   (make bench-vs MODEL=qwen1.5b: a household model)
+
+--gpu-layers offloads that many layers on both servers (-1: all), for a CUDA or Vulkan build of
+llama-cpp-python and a llama-server built the same way (HEARTH_LLAMA_SERVER names its binary).
 """
 
 from __future__ import annotations
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4)")
     ap.add_argument("--model", default="", help="GGUF both servers load (default embedded)")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded (-1: all)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--throughput-only", action="store_true",
                     help="only the 8-chat throughput, more rounds of it (its spread is wide)")
@@ -197,9 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hearth-vs-") as tmp, \
             HearthServer("--n-ctx", str(POOL["n_ctx"]), "--n-parallel", str(POOL["n_parallel"]),
                          "--n-batch", str(POOL["n_batch"]), "--n-ubatch", str(POOL["n_ubatch"]),
-                         "--model", str(model), data_dir=Path(tmp)) as hearth, \
+                         "--model", str(model), "--n-gpu-layers", str(args.gpu_layers),
+                         data_dir=Path(tmp)) as hearth, \
             LlamaServer(model, "-c", str(POOL["n_ctx"]), "-np", str(POOL["n_parallel"]),
                         "-b", str(POOL["n_batch"]), "-ub", str(POOL["n_ubatch"]),
+                        "-ngl", str(args.gpu_layers if args.gpu_layers >= 0 else 999),
                         "--kv-unified") as llama:
         clients = [Client("hearth", hearth.url, True), Client("llama-server", llama.url, False)]
         for k in range(rounds):
@@ -230,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     lines = [f"# Hearth against llama-server — {stamp}", "",
              f"Command: `python bench/vs_llama_server.py{' --quick' if args.quick else ''}"
-             f"{f' --model {model.name}' if args.model else ''}`; "
+             f"{f' --model {model.name}' if args.model else ''}"
+             f"{f' --gpu-layers {args.gpu_layers}' if args.gpu_layers else ''}`; "
              f"{rounds} interleaved rounds, medians shown; model {model.name}; pool "
              f"{POOL['n_ctx']} cells, {POOL['n_parallel']} sequences.", "",
              "| server | voice TTFT idle (ms) | under 3 summaries (ms) | ratio | worst (ms) | "

@@ -15,7 +15,11 @@ from hearth_server import ROOT, free_port
 
 
 def llama_server_binary() -> Path:
-    """The cached binary, built on first use (a few minutes on 2 cores)."""
+    """The cached binary, built on first use (a few minutes on 2 cores), or the one
+    ``HEARTH_LLAMA_SERVER`` names (a GPU build from the same source: scripts/device/gpu-bench)."""
+    given = os.environ.get("HEARTH_LLAMA_SERVER")
+    if given:
+        return Path(given)
     out = subprocess.run([str(ROOT / "scripts" / "build_llama_server")], check=True, text=True,
                          stdout=subprocess.PIPE).stdout.strip().splitlines()
     return Path(out[-1])
