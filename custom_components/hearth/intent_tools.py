@@ -24,6 +24,13 @@ def _intent(tool: llm.Tool) -> llm.IntentTool | None:
     return base if isinstance(base, llm.IntentTool) else None
 
 
+def _names_entities(tool: llm.Tool) -> bool:
+    """Whether ``tool`` is an intent tool whose ``name`` argument names an entity (a timer
+    intent's ``name`` is the timer's own)."""
+    base = _intent(tool)
+    return base is not None and "Timer" not in base.name
+
+
 def intent_tools(llm_api: llm.APIInstance | None) -> set[str]:
     """The names under which ``llm_api`` offers Assist's intent tools (none without an API)."""
     if llm_api is None:
@@ -51,8 +58,7 @@ def intent_argument_values(
     names, areas = exposed_names(exposed)
     values: dict[str, dict[str, list[str]]] = {}
     for tool, described in zip(llm_api.tools, formatted, strict=True):
-        # Timer intents use ``name`` for the timer's own name, not an entity's.
-        if (base := _intent(tool)) is None or "Timer" in base.name:
+        if not _names_entities(tool):
             continue
         keys = described["function"]["parameters"].get("properties") or {}
         narrow = {arg: v for arg, v in (("name", names), ("area", areas)) if arg in keys and v}
@@ -202,7 +208,7 @@ def named_target(text: str, exposed: dict[str, dict[str, Any]]) -> dict[str, str
     return {}
 
 
-def scope_repair(
+def _scope_repair(
     llm_api: llm.APIInstance | None,
     tools: list[dict[str, Any]],
     exposed: dict[str, dict[str, Any]],
@@ -216,7 +222,7 @@ def scope_repair(
     target = named_target(text, exposed)
     accepts = {t["function"]["name"]: set(t["function"]["parameters"].get("properties") or ())
                for t in tools}
-    intents = {name for name in intent_tools(llm_api) if "Timer" not in name}
+    intents = {t.name for t in llm_api.tools if _names_entities(t)} if llm_api else set()
 
     def repair(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
         if (not target or tool_name not in intents or any(args.get(k) for k in _TARGETS)
@@ -235,7 +241,7 @@ def call_repair(
     text: str,
 ) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
     """Both repairs of the model's intent calls, for a turn asking ``text``: a wrong area
-    dropped (:func:`area_repair`), a missing target added (:func:`scope_repair`)."""
+    dropped (:func:`area_repair`), a missing target added (:func:`_scope_repair`)."""
     area = area_repair(llm_api, exposed)
-    scope = scope_repair(llm_api, tools, exposed, text)
+    scope = _scope_repair(llm_api, tools, exposed, text)
     return lambda tool_name, args: scope(tool_name, area(tool_name, args))
