@@ -131,6 +131,9 @@ class SimBackend(SampleAfterDecode):
     def free_sampler(self, sampler) -> None:
         pass
 
+    def force(self, sampler, text: str, limit: int) -> list[int]:
+        return []  # no text to tokens here: nothing is forced
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         cells = self.cells.get(seq, {})
         lo = 0 if p0 < 0 else p0
@@ -228,6 +231,7 @@ class Scripted(SimBackend):
         super().__init__()
         self.pieces = pieces
         self.n = 0
+        self.forced: list[int] = []  # tokens taken by force, not sampled
 
     def sample(self, sampler, i):
         self.n += 1
@@ -235,6 +239,20 @@ class Scripted(SimBackend):
 
     def piece(self, token):
         return self.pieces[token - 101].encode()
+
+    def force(self, sampler, text: str, limit: int) -> list[int]:
+        """The script's next pieces, as far as they spell the start of ``text``: the model
+        would have written them anyway."""
+        taken: list[int] = []
+        while len(taken) < limit and self.n < len(self.pieces):
+            done = "".join(self.pieces[self.n - len(taken): self.n])
+            nxt = self.pieces[self.n]
+            if not text.startswith(done + nxt):
+                break
+            self.n += 1
+            taken.append(100 + self.n)
+        self.forced.extend(taken)
+        return taken
 
 
 class Collector:

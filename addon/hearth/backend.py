@@ -49,6 +49,12 @@ class LlamaBackend(SampleAfterDecode):
     def sample(self, sampler: Sampler, i: int) -> int:
         return sampler.sample(self.ctx, i)
 
+    def force(self, sampler: Sampler, text: str, limit: int) -> list[int]:
+        """``text`` as tokens that ``sampler`` takes as its own, as far as its grammar allows
+        (at most ``limit``)."""
+        tokens = self.model.tokenize(text, add_special=False, parse_special=False)
+        return sampler.force(tokens[:limit])
+
     def free_sampler(self, sampler: Sampler) -> None:
         sampler.close()
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .call_forcing import CallForcer
 from .engine import AsyncStream, RequestError
 from .llama_sampling import json_schema_grammar
 from .prompts import PromptError
@@ -139,6 +140,7 @@ class Completion:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.tools: ToolStream | None = None
+        self.forcer: CallForcer | None = None
         self.forced_call = False
         self.reasoning: ReasoningSplitter | None = None
         self.show_reasoning = getattr(body, "reasoning_format", "none") != "hide"
@@ -162,7 +164,7 @@ class Completion:
             prompt=tokens, rank=rank, sink=self.stream,
             user=user or body.user or "anonymous", max_tokens=max_tokens, stop=stops,
             ignore_eos=body.ignore_eos, sampling=sampling_of(body, grammar, self.trigger),
-            reasoning=self.reasoning, keep_rank=keep_rank)
+            reasoning=self.reasoning, keep_rank=keep_rank, forcer=self.forcer)
 
     # -- building --------------------------------------------------------------------------
     def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
@@ -196,6 +198,8 @@ class Completion:
                 grammar = wrap_grammar(schema_grammar, "<tool_call>", "</tool_call>")
             elif self.rt.settings.constrain_tool_calls and body.response_format is None:
                 grammar = self._lazy_call_grammar(call_tools)
+            if grammar is not None and self.rt.settings.jump_forward_calls:
+                self.forcer = CallForcer(call_tools)  # the grammar checks what it writes
             self.tools = ToolStream(names)
         elif choice not in (None, "none", "auto"):
             raise CompletionError(400, "tool_choice given without tools", "invalid_tool_choice",

@@ -75,6 +75,17 @@ class Sampler:
             L.llama_sampler_accept(self.grammar, token)
         L.llama_sampler_accept(self.ptr, token)
 
+    def force(self, tokens: list[int]) -> list[int]:
+        """Take ``tokens`` as if sampled, as far as the grammar lets each come next: those
+        taken, a prefix of ``tokens`` (text forced in a tool call, :mod:`hearth.call_forcing`)."""
+        taken: list[int] = []
+        for tok in tokens:
+            if self.grammar is not None and not _grammar_allows(self.grammar, tok):
+                break
+            self.accept(tok)
+            taken.append(tok)
+        return taken
+
     def close(self) -> None:
         if self.grammar:
             L.llama_sampler_free(self.grammar)

@@ -106,7 +106,10 @@ class _EngineCollector:
         gen.add_metric([], snap["generated_tokens_total"])
         prompt = CounterMetricFamily("hearth_prompt_tokens", "Prompt tokens computed")
         prompt.add_metric([], snap["prompt_tokens_total"])
-        yield from (kv, hit, tps, gen, prompt)
+        forced = CounterMetricFamily("hearth_forced_tokens", "Tokens of tool calls written "
+                                     "without sampling (their schemas left no choice)")
+        forced.add_metric([], snap["forced_tokens_total"])
+        yield from (kv, hit, tps, gen, prompt, forced)
 
 
 def _prefix_by_class(by_class: dict[str, dict[str, Any]]):

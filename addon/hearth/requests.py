@@ -144,6 +144,8 @@ class Request:
     # never delays anyone) and keeps the prompt for the voice turns to come.
     keep_rank: int | None = None
     warm_up: bool = False  # only its prompt matters: not a lookup the hit rates count
+    # A hearth.call_forcing.CallForcer: text a tool call's schemas fix is written, not sampled.
+    forcer: Any = None
 
     # engine state
     seq_id: int | None = None

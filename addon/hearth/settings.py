@@ -188,6 +188,9 @@ class Settings(BaseModel):
     constrain_tool_calls: bool = _opt(
         True, "under tool_choice auto, a tool call the model opens must match its tool's schema "
         "(never forces a call)")
+    jump_forward_calls: bool = _opt(
+        True, "in a held tool call, text its schemas fix (the rest of a unique name, the "
+        "punctuation) is written for the model, not sampled")
 
     # Jobs
     job_retention_hours: float = _opt(24.0, "how long finished jobs are kept", gt=0)

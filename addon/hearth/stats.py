@@ -58,6 +58,7 @@ class Stats:
         self.prompt_total = 0
         self.iterations = 0
         self.aborted_iterations = 0
+        self.forced_tokens = 0  # output written in tool calls without sampling (call_forcing)
         self._lock = threading.Lock()  # the engine thread records, HTTP handlers read
         self.listeners: list = []  # called with each Finished record (e.g. Prometheus)
 
@@ -116,7 +117,8 @@ class Stats:
             totals = {"generated_tokens_total": self.generated_total,
                       "prompt_tokens_total": self.prompt_total,
                       "preemptions": self.preemptions, "iterations": self.iterations,
-                      "aborted_iterations": self.aborted_iterations}
+                      "aborted_iterations": self.aborted_iterations,
+                      "forced_tokens_total": self.forced_tokens}
         per_class: dict[str, dict] = {}
         for cls in CLASS_RANKS:
             rows = [f for f in finished if f.cls == cls]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import openai
@@ -98,7 +99,15 @@ def test_embeddings(server):
     assert cos(v[0], v[1]) > cos(v[0], v[2])
 
 
+def forced_tokens(server) -> float:
+    """hearth_forced_tokens_total from /metrics: call text written without sampling."""
+    with urllib.request.urlopen(server.url + "/metrics") as r:
+        text = r.read().decode()
+    return float(re.search(r"^hearth_forced_tokens_total (\S+)$", text, re.M).group(1))
+
+
 def test_grammar_forced_tool_call(server):
+    before = forced_tokens(server)
     status, body = server.post("/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Turn on the kitchen light"}],
         "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 80})
@@ -108,6 +117,10 @@ def test_grammar_forced_tool_call(server):
     call = choice["message"]["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] == "HassTurnOn"
     assert isinstance(json.loads(call["function"]["arguments"])["name"], str)
+    # the call's fixed text (the tool's name, '", "arguments": {"name": "') was not sampled,
+    # and counts as output all the same
+    forced = forced_tokens(server) - before
+    assert 0 < forced < body["usage"]["completion_tokens"]
 
 
 def test_a_tool_call_the_model_opens_keeps_to_the_values_sent(server):

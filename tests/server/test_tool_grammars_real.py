@@ -163,3 +163,36 @@ def test_a_bare_call_naming_a_tool_is_held_and_other_json_stays_free(model):
                  'I will use HassTurnOn.\n\n{"name": "HassTurnOn", "arguments": {"name": '
                  '"Porch light"}}'):
         replay(model, grammar, trigger, text)
+
+
+def test_forced_text_is_taken_only_as_far_as_the_grammar_allows(model):
+    """Text written for the model in a call (call_forcing) goes through the grammar token by
+    token: an allowed name is taken whole, a name the grammar refuses stops where it leaves
+    the allowed ones, and nothing refused reaches llama.cpp (which would abort)."""
+    grammar = lazy_call_grammar(CALL_JSON)
+    opened = '<tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "'
+
+    def sampler_after(text: str) -> Sampler:
+        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                          grammar_trigger=LAZY_CALL_TRIGGER))
+        for t in model.tokenize(text, add_special=False):
+            s.accept(t)
+        return s
+
+    def piece(tokens: list[int]) -> str:
+        return b"".join(model.piece(t) for t in tokens).decode()
+
+    s = sampler_after(opened)
+    want = model.tokenize("Porch light", add_special=False, parse_special=False)
+    assert s.force(want) == want
+    s.close()
+    s = sampler_after(opened)
+    taken = s.force(model.tokenize("Porch heater", add_special=False, parse_special=False))
+    assert "Porch light".startswith(piece(taken)) and "heater" not in piece(taken)
+    assert s.force(model.tokenize(" light", add_special=False, parse_special=False))
+    s.close()
+    # before the call opens the grammar holds nothing: prose is taken as it comes
+    s = sampler_after("Sure, ")
+    prose = model.tokenize("the porch light is on.", add_special=False, parse_special=False)
+    assert s.force(prose) == prose
+    s.close()

@@ -26,6 +26,7 @@ from .batching import BatchComposer
 from .compaction import Packer
 from .cost import CostModel, attention
 from .embeddings import Embedder
+from .forcing import JumpForward
 from .kv import KVSpace
 from .outbox import Outbox
 from .persistence import Persister
@@ -66,6 +67,7 @@ class EngineCore:
         self.packer = Packer(backend, self.kv, self.cfg.compact_prefix_cache, self.has_work,
                              self._arrived)
         self.persister = Persister(backend, self.kv, self.has_work, self._arrived)
+        self.jump = JumpForward(backend, self.stats, self.policy, self._append)
         self.view = View(self)  # what other threads read: queue_state()
         self.view.publish()
 
@@ -353,14 +355,22 @@ class EngineCore:
         if self.b.is_eog(tok) and not r.ignore_eos:
             self._finish(r, "stop", now)
             return
+        text = self._append(r, tok, now)
+        if r.forcer is not None and not r.finished:
+            self.jump.after(r, text, now)
+
+    def _append(self, r: Request, tok: int, now: float) -> str:
+        """``tok`` is ``r``'s next output: its text to the stream (stops matched), ``r``
+        finished at a stop or its length. Returns the text decoded, before the stops."""
         r.tokens.append(tok)
-        thought, text = r.split(r.decoder.feed(self.b.piece(tok)))  # type: ignore[union-attr]
-        text, stopped = r.stopper.feed(text)  # type: ignore[union-attr]
+        thought, decoded = r.split(r.decoder.feed(self.b.piece(tok)))  # type: ignore[union-attr]
+        text, stopped = r.stopper.feed(decoded)  # type: ignore[union-attr]
         self.outbox.emit(r, Event("token", text=text, reasoning=thought, token_ids=[tok]))
         if stopped:
             self._finish(r, "stop", now, flush=False)
         elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
             self._finish(r, "length", now)
+        return decoded
 
     # -- retiring ---------------------------------------------------------------------------
     def _finish(self, r: Request, reason: str, now: float, flush: bool = True) -> None:

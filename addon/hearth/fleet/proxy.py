@@ -88,6 +88,12 @@ class ProcessBackend:
     def sample(self, sampler: int, i: int) -> int:
         raise NotImplementedError("a worker samples with the decode (decode_sample)")
 
+    def force(self, sampler: int, text: str, limit: int) -> list[int]:
+        out = self._call("force", sampler, text, limit)
+        for tok, eog, piece in out:
+            self._info[tok] = (eog, piece)
+        return [tok for tok, _, _ in out]
+
     def free_sampler(self, sampler: int) -> None:
         self._deferred.append(("free_sampler", sampler))
 

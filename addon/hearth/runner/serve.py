@@ -128,6 +128,12 @@ class Runner:
         self.abort.blame = 0
         return status, out, time.perf_counter() - t0  # the server subtracts it from its wait
 
+    def op_force(self, sid: int, text: str, limit: int) -> list[tuple[int, bool, bytes]]:
+        self.abort.blame = sid  # a crash in the grammar is this request's
+        taken = self.b.force(self.samplers[sid], text, limit)
+        self.abort.blame = 0
+        return [(tok, self.b.is_eog(tok), self.b.piece(tok)) for tok in taken]
+
     def op_token_info(self, tok: int) -> tuple[bool, bytes]:
         return self.b.is_eog(tok), self.b.piece(tok)
 
