@@ -191,8 +191,9 @@ def _settled(server) -> dict:
     deadline = time.monotonic() + 60
     while True:
         _, q = server.get("/v1/queue")
-        if sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0 \
-                and q["kv"]["used_by_running"] == 0 or time.monotonic() > deadline:
+        settled = sum(q["running"].values()) == 0 and sum(q["waiting"].values()) == 0 \
+            and q["kv"]["used_by_running"] == 0
+        if settled or time.monotonic() > deadline:
             return q
         time.sleep(0.25)
 
