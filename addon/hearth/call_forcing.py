@@ -1,15 +1,17 @@
 """Jump-forward in tool calls: once a call is open, the text its schemas leave no choice in is
 written for the model instead of sampled, one token at a time, from it.
 
-That text is the rest of a tool's or an argument's name once its start is unique (or the start
-all the candidates share), the punctuation between keys and values, and the rest of an exposed
-name held by an ``enum``. The engine decodes it beside the next sampled token, as a short
+That text is the rest of a tool's or an argument's name once its start is unique, the
+punctuation between keys and values, and the rest of an exposed name held by an ``enum`` once
+its start is unique. The engine decodes it beside the next sampled token, as a short
 prefill: on a CPU a token in a batch costs a fraction of one decoded alone (the 1.5B prefills
-54 tokens/s and decodes 7.9 on 2 cores), and more than half of the tokens of a Home Assistant
-intent call are such text (``{"name": "intent__HassTurnOn", "arguments": {"name": "Kitchen
-light", "domain": ["light"]}}``: 16 of 29). The worker checks each forced token against the
-call's grammar before it takes it (:meth:`hearth.llama_sampling.Sampler.force`), so a guess
-here can shorten what is forced, never break the call.
+54 tokens/s and decodes 7.9 on 2 cores), and a third of the tokens of a Home Assistant intent
+call are such text (``{"name": "intent__HassTurnOn", "arguments": {"name": "Kitchen light",
+"domain": ["light"]}}``: 10 of 29). Forced text ends where the model's own next token would
+start (a whole name, ``": "``, never a brace or quote it writes with what follows), so its
+choices keep the odds they had. The worker checks each forced token against the call's
+grammar before it takes it (:meth:`hearth.llama_sampling.Sampler.force`), so a guess here can
+shorten what is forced, never break a held call.
 
 Pure text in, text out: no llama.cpp here."""
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from os.path import commonprefix
 from typing import Any
 
 # A call's object opening, as the lazy grammar's trigger sees it (``tools.LAZY_CALL_TRIGGER``).
@@ -149,15 +150,14 @@ def _scan(text: str) -> _State | None:
 
 
 def _complete(prefix: str, candidates: list[str], close: str) -> str:
-    """The rest of ``prefix`` that ``candidates`` share, then ``close`` when only one is left;
-    "" when no candidate starts with ``prefix``. A value's closing quote is left to the model:
-    written apart from the comma it usually comes with, it made the 1.5B end calls early
-    (``{"name": "Kitchen light"}`` where it wrote the area and domain too)."""
+    """The rest of the one candidate that starts with ``prefix``, then ``close``; "" while
+    several do (or none). Not the start they share: cut inside the model's own tokens
+    (``intent__HassTurnO``, then "n" or "ff"), the 1.5B chose wrongly and even closed the name
+    there, before the grammar of a bare call holds it (its trigger is a whole tool name). A
+    value's closing quote is left to the model too: written apart from the comma it usually
+    comes with, it made the 1.5B end calls early."""
     fits = [c for c in candidates if c.startswith(prefix)]
-    if not fits:
-        return ""
-    rest = commonprefix(fits)[len(prefix):]
-    return rest + close if len(fits) == 1 else rest
+    return fits[0][len(prefix):] + close if len(fits) == 1 else ""
 
 
 class CallForcer:
@@ -201,7 +201,9 @@ class CallForcer:
                     rest = _complete(s.string, list(self.tools), '"')
                     if rest.endswith('"') and "arguments" not in f.used:
                         chosen = self.tools[s.string + rest[:-1]]
-                        rest += ', "arguments": {' + ('"' if chosen.required else "")
+                        # ' {"' is one token, and '{}' another: the brace is the model's
+                        # unless an argument is required
+                        rest += ', "arguments":' + (' {"' if chosen.required else "")
                     return rest
                 return ""
             schema = {"name": {"type": "string"}, "arguments": {"type": "object"}}.get(
@@ -228,17 +230,19 @@ class CallForcer:
 
 def _key_rest(prefix: str, keys: list[str], schemas: dict[str, dict[str, Any]]) -> str:
     """The rest of a key being written, and once it is whole, ``": "`` and its value's
-    opener."""
+    opener, or only the colon before a value with none (a number's space is the model's)."""
     rest = _complete(prefix, keys, '"')
     if rest.endswith('"'):
-        rest += ": " + _opener(schemas.get(prefix + rest[:-1]) or {})
+        opener = _opener(schemas.get(prefix + rest[:-1]) or {})
+        rest += ": " + opener if opener else ":"
     return rest
 
 
 def _after_key(f: _Frame, spaced: bool, schema: dict[str, Any] | None) -> str:
     """After a whole key: the colon, a space and the value's opener, as far as written."""
     if f.after == "key":
-        return ": " + _opener(schema or {})
+        opener = _opener(schema or {})
+        return ": " + opener if opener else ":"
     if f.after == "colon":
         opener = _opener(schema or {})
         return (opener if spaced else " " + opener) if opener else ""

@@ -35,15 +35,20 @@ def test_what_a_call_leaves_no_choice_in_is_written():
     assert forced_after('{"name"') == ': "'
     assert forced_after('{"name":') == ' "'
     assert forced_after('{"na') == ""  # not yet a call's opening: any object starts so
-    assert forced_after('<tool_call>\n{"name": "Hass') == "TurnO"  # shared by both
-    assert forced_after('{"name": "HassTurnOf') == 'f", "arguments": {'
-    assert forced_after('{"name": "G') == 'etLiveContext", "arguments": {'
+    # not the start two names share: cut inside the model's tokens, it chose wrongly after
+    assert forced_after('<tool_call>\n{"name": "HassTurn') == ""
+    assert forced_after('{"name": "HassTurnOf') == 'f", "arguments":'  # the brace is its own
+    assert forced_after('{"name": "G') == 'etLiveContext", "arguments":'
+    assert forced_after('{"name": "HassTurnOff", "arguments": {"') == ""
+    assert CallForcer([{"type": "function", "function": {"name": "T", "parameters": {
+        "properties": {"x": {"type": "string"}}, "required": ["x"]}}}]).feed(
+        '{"name": "') == 'T", "arguments": {"'  # an argument is required: it opens one
     args = '{"name": "HassTurnOn", "arguments": {"'
     assert forced_after(args + "do") == 'main": ["'
     assert forced_after(args + 'name": "Kitchen l') == "", "two names start so"
     assert forced_after(args + 'name": "Kitchen li') == "ght"  # its quote is the model's
     assert forced_after(args + 'domain": ["sw') == "itch"
-    assert forced_after(args + "bri") == 'ghtness": '  # a number: no opener
+    assert forced_after(args + "bri") == 'ghtness":'  # a number: its space is the model's
     assert forced_after(args + 'name": "Porch light", "') == ""  # area, domain, brightness
 
 
@@ -52,7 +57,8 @@ def test_nothing_is_written_outside_an_open_call():
     assert forced_after('{"name": "HassTurnOn", "arguments": {}}', ' and {"x') == ""
     assert forced_after('{"name": "Nope') == ""  # no tool starts so: the grammar decides
     # a second call after a closed one is followed again
-    assert forced_after('{"name": "HassTurnOn", "arguments": {}}\n', '{"name": "Hass') == "TurnO"
+    assert forced_after('{"name": "HassTurnOn", "arguments": {}}\n', '{"name": "HassTurnOf') \
+        == 'f", "arguments":'
     # an argument called "name" is not a call's opening
     assert forced_after('{"name": "HassTurnOn", "arguments": {"name') == '": "'
 
