@@ -43,9 +43,10 @@ def _tool(spec: dict[str, Any]) -> tuple[str, _Tool]:
 
 
 def _opener(schema: dict[str, Any]) -> str:
-    """What a value of ``schema`` starts with, where that is fixed: a string's quote, an
-    array's bracket (and its strings' quote), an object's brace; nothing for numbers and
-    booleans, or a schema that allows several kinds."""
+    """What a value of ``schema`` starts with, where that is fixed and ends a token of the
+    model's: a string's quote, an array's bracket (and its strings' quote); nothing for numbers
+    and booleans, a schema that allows several kinds, or an object (its brace is one token with
+    what follows, ``{"`` or ``{}``)."""
     kind = schema.get("type")
     if kind is None and isinstance(schema.get("enum"), list) and schema["enum"] and all(
             isinstance(v, str) for v in schema["enum"]):
@@ -56,8 +57,6 @@ def _opener(schema: dict[str, Any]) -> str:
         items = schema.get("items")
         return "[" + (_opener(items) if isinstance(items, dict) and items.get("type") in
                       ("string", None) and _opener(items) == '"' else "")
-    if kind == "object":
-        return "{"
     return ""
 
 

@@ -40,6 +40,7 @@ def test_what_a_call_leaves_no_choice_in_is_written():
     assert forced_after('{"name": "HassTurnOf') == 'f", "arguments":'  # the brace is its own
     assert forced_after('{"name": "G') == 'etLiveContext", "arguments":'
     assert forced_after('{"name": "HassTurnOff", "arguments": {"') == ""
+    assert forced_after('{"name": "HassTurnOff", "arguments":') == ""  # ' {"' or ' {}': its own
     assert CallForcer([{"type": "function", "function": {"name": "T", "parameters": {
         "properties": {"x": {"type": "string"}}, "required": ["x"]}}}]).feed(
         '{"name": "') == 'T", "arguments": {"'  # an argument is required: it opens one
