@@ -23,7 +23,8 @@ from typing import Any
 
 # A call's object opening, as the lazy grammar's trigger sees it (``tools.LAZY_CALL_TRIGGER``).
 _OPEN = re.compile(r'\{[ \t\n]*"name"')
-_CALL_KEYS = ("name", "arguments")
+# The call object's own keys, in the order the grammar holds them, and their values' schemas.
+_CALL = {"name": {"type": "string"}, "arguments": {"type": "object"}}
 # Scanning restarts this far back, so an opening split across two feeds is still seen.
 _OVERLAP = 24
 
@@ -55,8 +56,7 @@ def _opener(schema: dict[str, Any]) -> str:
         return '"'
     if kind == "array":
         items = schema.get("items")
-        return "[" + (_opener(items) if isinstance(items, dict) and items.get("type") in
-                      ("string", None) and _opener(items) == '"' else "")
+        return "[" + ('"' if isinstance(items, dict) and _opener(items) == '"' else "")
     return ""
 
 
@@ -193,9 +193,7 @@ class CallForcer:
         if depth == 1:  # the call object: {"name": …, "arguments": …}
             if s.string is not None:
                 if s.role == "key":
-                    left = [k for k in _CALL_KEYS if k not in f.used]
-                    return _key_rest(s.string, left, {"name": {"type": "string"},
-                                                      "arguments": {"type": "object"}})
+                    return _key_rest(s.string, [k for k in _CALL if k not in f.used], _CALL)
                 if f.key == "name":
                     rest = _complete(s.string, list(self.tools), '"')
                     if rest.endswith('"') and "arguments" not in f.used:
@@ -205,9 +203,7 @@ class CallForcer:
                         rest += ', "arguments":' + (' {"' if chosen.required else "")
                     return rest
                 return ""
-            schema = {"name": {"type": "string"}, "arguments": {"type": "object"}}.get(
-                f.key or "")
-            return _after_key(f, s.spaced, schema)
+            return _after_key(f, s.spaced, _CALL.get(f.key or ""))
         if tool is None or s.frames[1].kind != "obj" or s.frames[0].key != "arguments":
             return ""
         args = s.frames[1]
@@ -220,9 +216,7 @@ class CallForcer:
                 return _complete(s.string, values, "") if values else ""
             return _after_key(args, s.spaced, tool.props.get(args.key or ""))
         if depth == 3 and f.kind == "arr" and s.string is not None and s.role == "value":
-            schema = tool.props.get(args.key or "") or {}
-            values = _enum(schema.get("items") if isinstance(schema.get("items"), dict)
-                           else None)
+            values = _enum((tool.props.get(args.key or "") or {}).get("items"))
             return _complete(s.string, values, "") if values else ""
         return ""
 
@@ -239,11 +233,10 @@ def _key_rest(prefix: str, keys: list[str], schemas: dict[str, dict[str, Any]]) 
 
 def _after_key(f: _Frame, spaced: bool, schema: dict[str, Any] | None) -> str:
     """After a whole key: the colon, a space and the value's opener, as far as written."""
+    opener = _opener(schema or {})
     if f.after == "key":
-        opener = _opener(schema or {})
         return ": " + opener if opener else ":"
-    if f.after == "colon":
-        opener = _opener(schema or {})
-        return (opener if spaced else " " + opener) if opener else ""
+    if f.after == "colon" and opener:
+        return opener if spaced else " " + opener
     return ""
 
