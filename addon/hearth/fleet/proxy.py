@@ -78,9 +78,14 @@ class ProcessBackend:
         status, out, busy = self._call("decode_sample", tokens, pos, seqs, outputs, samples)
         spent = time.perf_counter() - t0
         self.boundary.add(spent, spent - busy)
+        return status, self._learn(out)
+
+    def _learn(self, out: list[tuple[int, bool, bytes]]) -> list[int]:
+        """Tokens a worker sent with their text and end-of-generation flag: those kept for
+        :meth:`piece` and :meth:`is_eog` (no round trip later), the tokens returned."""
         for tok, eog, piece in out:
             self._info[tok] = (eog, piece)
-        return status, [tok for tok, _, _ in out]
+        return [tok for tok, _, _ in out]
 
     def new_sampler(self, p: SamplingParams) -> int:
         return self._call("new_sampler", p)
@@ -89,10 +94,7 @@ class ProcessBackend:
         raise NotImplementedError("a worker samples with the decode (decode_sample)")
 
     def force(self, sampler: int, text: str, limit: int) -> list[int]:
-        out = self._call("force", sampler, text, limit)
-        for tok, eog, piece in out:
-            self._info[tok] = (eog, piece)
-        return [tok for tok, _, _ in out]
+        return self._learn(self._call("force", sampler, text, limit))
 
     def free_sampler(self, sampler: int) -> None:
         self._deferred.append(("free_sampler", sampler))

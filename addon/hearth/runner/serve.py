@@ -123,8 +123,7 @@ class Runner:
             self.abort.blame = sid  # a crash in here is this request's
             if sid in self.poisoned:
                 faults.on_poisoned_sample()
-            tok = self.b.sample(self.samplers[sid], i)
-            out.append((tok, self.b.is_eog(tok), self.b.piece(tok)))
+            out.append(self._described(self.b.sample(self.samplers[sid], i)))
         self.abort.blame = 0
         return status, out, time.perf_counter() - t0  # the server subtracts it from its wait
 
@@ -132,7 +131,11 @@ class Runner:
         self.abort.blame = sid  # a crash in the grammar is this request's
         taken = self.b.force(self.samplers[sid], text, limit)
         self.abort.blame = 0
-        return [(tok, self.b.is_eog(tok), self.b.piece(tok)) for tok in taken]
+        return [self._described(tok) for tok in taken]
+
+    def _described(self, tok: int) -> tuple[int, bool, bytes]:
+        """A token as the server keeps it: with its end-of-generation flag and its text."""
+        return tok, self.b.is_eog(tok), self.b.piece(tok)
 
     def op_token_info(self, tok: int) -> tuple[bool, bytes]:
         return self.b.is_eog(tok), self.b.piece(tok)
