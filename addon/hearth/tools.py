@@ -317,13 +317,32 @@ def tool_call_schema(tools: list[dict[str, Any]], only: str | None = None) -> di
         fn = t.get("function", t)
         if only is not None and fn["name"] != only:
             continue
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = _enum_lists_bounded(fn.get("parameters") or {"type": "object", "properties": {}})
         variants.append({"type": "object",
                          "properties": {"name": {"const": fn["name"]}, "arguments": params},
                          "required": ["name", "arguments"]})
     if not variants:
         raise ValueError(f"tool_choice names an unknown function {only!r}")
     return variants[0] if len(variants) == 1 else {"oneOf": variants}
+
+
+def _enum_lists_bounded(schema: Any) -> Any:
+    """A copy of ``schema`` where each list of enum values holds at most as many items as the
+    enum has: a longer one must repeat a value, and the 1.5B, once it repeated one, wrote
+    ``"light", "sensor", "light", …`` until the token limit (issue 30). A list's own
+    ``maxItems`` stays, and so does one whose ``minItems`` asks for more."""
+    if isinstance(schema, list):
+        return [_enum_lists_bounded(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _enum_lists_bounded(v) for k, v in schema.items()}
+    items = schema.get("items")
+    enum = items.get("enum") if isinstance(items, dict) else None
+    if schema.get("type") == "array" and isinstance(enum, list) and "maxItems" not in schema:
+        n = len({json.dumps(v, sort_keys=True) for v in enum})
+        if n and not (isinstance(schema.get("minItems"), int) and schema["minItems"] > n):
+            out["maxItems"] = n
+    return out
 
 
 def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> str:

@@ -165,6 +165,23 @@ def test_a_bare_call_naming_a_tool_is_held_and_other_json_stays_free(model):
         replay(model, grammar, trigger, text)
 
 
+def _sampler_after(model, grammar: str, text: str) -> Sampler:
+    """A greedy sampler holding ``grammar`` (from the Hermes tag) that has taken ``text``."""
+    s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
+                                      grammar_trigger=LAZY_CALL_TRIGGER))
+    for t in model.tokenize(text, add_special=False):
+        s.accept(t)
+    return s
+
+
+def _text(model, tokens: list[int]) -> str:
+    return b"".join(model.piece(t) for t in tokens).decode()
+
+
+def _tokens(model, text: str) -> list[int]:
+    return model.tokenize(text, add_special=False, parse_special=False)
+
+
 def test_forced_text_is_taken_only_as_far_as_the_grammar_allows(model):
     """Text written for the model in a call (call_forcing) goes through the grammar token by
     token: an allowed name is taken whole, a name the grammar refuses stops where it leaves
@@ -173,14 +190,10 @@ def test_forced_text_is_taken_only_as_far_as_the_grammar_allows(model):
     opened = '<tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "'
 
     def sampler_after(text: str) -> Sampler:
-        s = Sampler(model, SamplingParams(temperature=0, grammar=grammar,
-                                          grammar_trigger=LAZY_CALL_TRIGGER))
-        for t in model.tokenize(text, add_special=False):
-            s.accept(t)
-        return s
+        return _sampler_after(model, grammar, text)
 
     def piece(tokens: list[int]) -> str:
-        return b"".join(model.piece(t) for t in tokens).decode()
+        return _text(model, tokens)
 
     s = sampler_after(opened)
     want = model.tokenize("Porch light", add_special=False, parse_special=False)
@@ -195,4 +208,23 @@ def test_forced_text_is_taken_only_as_far_as_the_grammar_allows(model):
     s = sampler_after("Sure, ")
     prose = model.tokenize("the porch light is on.", add_special=False, parse_special=False)
     assert s.force(prose) == prose
+    s.close()
+
+
+def test_a_list_of_enum_values_closes_once_it_could_hold_each_of_them(model):
+    """A list argument whose items are an enum holds at most as many items as the enum has:
+    the 1.5B once repeated ``"light", "sensor"`` in a call's domain list until the token
+    limit. Past two items of two values only the list's end is taken."""
+    tools = [{"type": "function", "function": {"name": "HassTurnOff", "parameters": {
+        "type": "object", "properties": {"domain": {
+            "type": "array", "items": {"type": "string", "enum": ["light", "sensor"]}}}}}}]
+    grammar = lazy_call_grammar(json_schema_grammar(tool_call_schema(tools)))
+    opened = '<tool_call>\n{"name": "HassTurnOff", "arguments": {"domain": ["light", "sensor"'
+    s = _sampler_after(model, grammar, opened)
+    taken = _text(model, s.force(_tokens(model, ', "light"]}}')))
+    assert "light" not in taken, taken
+    assert _text(model, s.force(_tokens(model, "]}}"))) == "]}}"
+    s.close()
+    s = _sampler_after(model, grammar, opened[:-len(', "sensor"')])  # one item: room for more
+    assert _text(model, s.force(_tokens(model, ', "sensor"]'))) == ', "sensor"]'
     s.close()

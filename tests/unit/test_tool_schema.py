@@ -1,0 +1,38 @@
+"""The schema a tool call is held to: lists of enum values are bounded by the enum's size, and
+nothing else of a tool's parameters changes."""
+
+from __future__ import annotations
+
+import copy
+
+from hearth.tools import tool_call_schema
+
+
+def _tool(params: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": params}}
+
+
+def _args(params: dict) -> dict:
+    return tool_call_schema([_tool(params)])["properties"]["arguments"]
+
+
+def test_a_list_of_enum_values_holds_at_most_each_value_once_in_count():
+    domain = {"type": "array", "items": {"type": "string", "enum": ["light", "sensor", "light"]}}
+    params = {"type": "object", "properties": {
+        "domain": domain, "name": {"type": "string"},
+        "either": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"enum": [1, 2, 3]}}]}}}
+    before = copy.deepcopy(params)
+    props = _args(params)["properties"]
+    assert props["domain"]["maxItems"] == 2  # two distinct values
+    assert props["either"]["anyOf"][1]["maxItems"] == 3
+    assert props["name"] == {"type": "string"}
+    assert params == before  # the request's own tools are not changed
+
+
+def test_a_list_keeps_its_own_bound_and_one_that_asks_for_more_items_is_left_alone():
+    props = _args({"type": "object", "properties": {
+        "a": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 5},
+        "b": {"type": "array", "items": {"enum": ["x"]}, "minItems": 2},
+        "c": {"type": "array", "items": {"type": "string"}}}})["properties"]
+    assert props["a"]["maxItems"] == 5
+    assert "maxItems" not in props["b"] and "maxItems" not in props["c"]
