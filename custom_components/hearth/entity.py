@@ -52,6 +52,7 @@ from .messages import (
     paired_tool_messages,
     transform_stream,
     trim_history,
+    without_confirmations,
 )
 
 if TYPE_CHECKING:
@@ -242,9 +243,10 @@ class HearthBaseLLMEntity(Entity):
             )
 
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
-        messages = convert_all(chat_log.content)
+        history = without_confirmations(chat_log.content)
+        messages = convert_all(history)
         messages[:1] = [with_call_hint(m, chat_log.llm_api) for m in messages[:1]]
-        await async_add_attachments(self.hass, chat_log.content, messages)
+        await async_add_attachments(self.hass, history, messages)
         offered = {tool["function"]["name"] for tool in body.get("tools") or ()}
         messages = trim_history(
             offered_call_names(paired_tool_messages(messages), offered), max_history

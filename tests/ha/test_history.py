@@ -1,5 +1,6 @@
 """The history a turn sends: every tool call right before its result, also the calls Home
-Assistant's local intents made in the same conversation; no orphans either way."""
+Assistant's local intents made in the same conversation; no orphans either way; no sentence
+that only confirmed a done action."""
 
 from __future__ import annotations
 
@@ -13,9 +14,18 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
+from custom_components.hearth.const import CONF_CONFIRM_ACTIONS
 from custom_components.hearth.messages import offered_call_names, paired_tool_messages
 
-from .conftest import FakeHearth, entity_of, text_chunks, turn_on_tool
+from .conftest import (
+    CONVERSATION_OPTIONS,
+    FakeHearth,
+    async_setup_hearth,
+    entity_of,
+    text_chunks,
+    tool_call_script,
+    turn_on_tool,
+)
 
 pytestmark = pytest.mark.ha
 
@@ -74,7 +84,50 @@ async def test_local_intent_call_sent_with_its_result(
     index = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
     assert messages[index + 1]["role"] == "tool"
     assert messages[index + 1]["tool_call_id"] == local_call["id"]
-    assert messages[-1] == {"role": "user", "content": "Is it on now?"}
+    # Home Assistant's "Turned on" is not sent: the call and its result say it (see below)
+    assert messages[index + 2:] == [{"role": "user", "content": "Is it on now?"}]
+
+
+@pytest.mark.parametrize(("confirm", "target", "kept"), [
+    (True, "Kitchen light", False),  # Home Assistant's own confirmation ended the turn
+    (False, "Kitchen light", False),  # the model's sentence about a done action
+    (False, "Garage door", True),  # the model's answer to a failure stays
+])
+async def test_a_follow_up_sees_the_last_command_answered_by_its_call(
+    hass: HomeAssistant,
+    fake_hearth: FakeHearth,
+    hass_admin_user: MockUser,
+    confirm: bool,
+    target: str,
+    kept: bool,
+) -> None:
+    """A command, then a follow-up in the same conversation: the follow-up's history ends with
+    the command's call and result, without the sentence that confirmed it. The 1.5B copied
+    that sentence ("Turned on the porch light.") instead of calling the tool (issue 30)."""
+    assert await async_setup_component(hass, "intent", {})
+    assert await async_setup_component(
+        hass, "input_boolean", {"input_boolean": {"kitchen_light": {"name": "Kitchen light"}}}
+    )
+    await hass.async_block_till_done()
+    async_expose_entity(hass, "conversation", "input_boolean.kitchen_light", True)
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation={
+        **CONVERSATION_OPTIONS, "llm_hass_api": ["assist"], CONF_CONFIRM_ACTIONS: confirm})
+    agent_id, context = entity_of(hass, entry, "conversation"), Context(user_id=hass_admin_user.id)
+    fake_hearth.chat_handler = lambda body: tool_call_script(body, {"name": target})
+    first = await conversation.async_converse(
+        hass, "Turn on the kitchen light", None, context, agent_id=agent_id)
+    assert first.response.speech["plain"]["speech"]  # something was said, by someone
+
+    await conversation.async_converse(
+        hass, "And again.", first.conversation_id, context, agent_id=agent_id)
+    _, body = next(r for r in fake_hearth.chat_requests if r[1]["messages"][-1]["content"]
+                   == "And again.")
+    messages = body["messages"]
+    assert_paired(messages)
+    index = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
+    assert messages[index + 1]["role"] == "tool"
+    after = [m["role"] for m in messages[index + 2:]]
+    assert after == (["assistant", "user"] if kept else ["user"]), messages
 
 
 def test_orphans_are_left_out() -> None:
