@@ -142,6 +142,41 @@ def test_a_warm_up_runs_as_background_and_keeps_its_prompt_for_voice():
     assert after["by_class"]["voice"]["hit_rate"] == 1.0 and after["warm_ups"] == 1
 
 
+def test_a_warm_up_waits_beside_streams_and_a_command_that_caches_its_prompt_ends_it():
+    """A warm-up is given no prompt chunk in an iteration with a stream (on a CPU the smallest
+    chunk made each of the 1.5B's steps four times dearer), and once a command that began
+    with the same prompt has left it cached, the warm-up ends without computing the rest:
+    the prefix is kept for voice, as the warm-up asked."""
+    b = SimBackend(n_ctx=4000, n_seq_max=8)
+    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
+    system = [9000 + i for i in range(1500)]
+    warm, sw = request(b, "background", 0, 1, seed=1, prefix=system)
+    warm.keep_rank, warm.warm_up = 0, True
+    core.submit(warm)
+    core.step()  # admitted, and its first chunk computed: nothing else runs yet
+    assert 0 < warm.n_past < len(system)
+    turn, st_ = request(b, "chat", 20, 30, seed=2, prefix=system)
+    core.submit(turn)
+    batches = []
+    compose = core.batcher.compose
+
+    def recorded(*args, **kwargs):
+        items = compose(*args, **kwargs)
+        batches.append([(it.req, it.n, it.output) for it in items])
+        return items
+
+    core.batcher.compose = recorded
+    run_until(core, lambda: st_.done is not None and sw.done is not None)
+    streaming = [batch for batch in batches if (turn, 1, True) in batch]
+    assert len(streaming) >= 29  # the command's decodes
+    assert not [batch for batch in streaming if any(r is warm for r, _, _ in batch)]
+    assert sw.done.finish_reason == "stop" and warm.n_generated == 0
+    assert warm.prefilled_tokens < len(system) // 2  # the command computed the prompt
+    assert warm.cached_tokens == len(system) - warm.prefilled_tokens
+    entry, hit = core.pool.find([*system, 1])
+    assert hit == len(system) and entry.rank == 0  # kept for voice
+
+
 def test_by_class_reports_the_oldest_entry_age():
     b = SimBackend(n_ctx=1600, n_seq_max=8)
     core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)

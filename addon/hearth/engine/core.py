@@ -32,6 +32,7 @@ from .outbox import Outbox
 from .persistence import Persister
 from .recovery import Recovery
 from .view import View
+from .warm_ups import served_warm_ups
 
 log = logging.getLogger("hearth.engine")
 
@@ -215,6 +216,8 @@ class EngineCore:
         now = self.b.now()
         self._drain_inbox(now)
         self.admitter.admit(now)
+        for r in served_warm_ups(self.running, self.kv):
+            self._finish(r, "stop", now)  # what it was to compute is cached already
         items = self.admitter.fit(self._build_batch(now), now)
         embed = self.embedder.should_run(items, self.waiting.best_rank(), bool(self.waiting),
                                          now)
