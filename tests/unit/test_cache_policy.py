@@ -121,13 +121,20 @@ def test_running_voice_work_may_take_kept_cells():
     assert s2.done.kind == "done" and core.pool.evictions >= 1
 
 
-def test_a_warm_up_runs_as_background_and_keeps_its_prompt_for_voice():
-    b = SimBackend(n_ctx=1600, n_seq_max=8)
+def _warming(n_ctx: int, n_system: int):
+    """A core with a voice warm-up of an ``n_system``-token prompt submitted (as
+    ``POST /v1/cache/warm`` makes one): (core, backend, prompt, warm-up, its sink)."""
+    b = SimBackend(n_ctx=n_ctx, n_seq_max=8)
     core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
-    system = [9000 + i for i in range(500)]
+    system = [9000 + i for i in range(n_system)]
     warm, sw = request(b, "background", 0, 1, seed=1, prefix=system)
     warm.keep_rank, warm.warm_up = 0, True
     core.submit(warm)
+    return core, b, system, warm, sw
+
+
+def test_a_warm_up_runs_as_background_and_keeps_its_prompt_for_voice():
+    core, b, system, _, sw = _warming(1600, 500)
     run_until(core, lambda: sw.done is not None)
     (e,) = core.pool.entries.values()
     assert e.rank == 0 and core.pool.kept() == {e.seq_id}
@@ -147,12 +154,7 @@ def test_a_warm_up_waits_beside_streams_and_a_command_that_caches_its_prompt_end
     chunk made each of the 1.5B's steps four times dearer), and once a command that began
     with the same prompt has left it cached, the warm-up ends without computing the rest:
     the prefix is kept for voice, as the warm-up asked."""
-    b = SimBackend(n_ctx=4000, n_seq_max=8)
-    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
-    system = [9000 + i for i in range(1500)]
-    warm, sw = request(b, "background", 0, 1, seed=1, prefix=system)
-    warm.keep_rank, warm.warm_up = 0, True
-    core.submit(warm)
+    core, b, system, warm, sw = _warming(4000, 1500)
     core.step()  # admitted, and its first chunk computed: nothing else runs yet
     assert 0 < warm.n_past < len(system)
     turn, st_ = request(b, "chat", 20, 30, seed=2, prefix=system)
