@@ -150,10 +150,10 @@ def test_a_warm_up_runs_as_background_and_keeps_its_prompt_for_voice():
 
 
 def test_a_warm_up_waits_beside_streams_and_a_command_that_caches_its_prompt_ends_it():
-    """A warm-up is given no prompt chunk in an iteration with a stream (on a CPU the smallest
-    chunk made each of the 1.5B's steps four times dearer), and once a command that began
-    with the same prompt has left it cached, the warm-up ends without computing the rest:
-    the prefix is kept for voice, as the warm-up asked."""
+    """A warm-up is given no prompt chunk in an iteration with a chat or voice stream (on a
+    CPU the smallest chunk made each of the 1.5B's steps four times dearer), and once a
+    command that began with the same prompt has left it cached, the warm-up ends without
+    computing the rest: the prefix is kept for voice, as the warm-up asked."""
     core, b, system, warm, sw = _warming(4000, 1500)
     core.step()  # admitted, and its first chunk computed: nothing else runs yet
     assert 0 < warm.n_past < len(system)
@@ -177,6 +177,23 @@ def test_a_warm_up_waits_beside_streams_and_a_command_that_caches_its_prompt_end
     assert warm.cached_tokens == len(system) - warm.prefilled_tokens
     entry, hit = core.pool.find([*system, 1])
     assert hit == len(system) and entry.rank == 0  # kept for voice
+
+
+def test_a_warm_up_goes_on_beside_a_jobs_stream():
+    """Beside a stream no one waits for token by token (a background job), a warm-up is
+    computed as before: it is done while the job still streams."""
+    b = SimBackend(n_ctx=4000, n_seq_max=8)
+    core, _ = make_core("hearth", n_parallel=4, backend=b, prefix_cache_entries=4)
+    job, sj = request(b, "background", 10, 400, seed=3)
+    core.submit(job)
+    run_until(core, lambda: job.n_generated > 0)  # streaming
+    system = [9000 + i for i in range(1500)]
+    warm, sw = request(b, "background", 0, 1, seed=1, prefix=system)
+    warm.keep_rank, warm.warm_up = 0, True
+    core.submit(warm)
+    run_until(core, lambda: sw.done is not None or sj.done is not None)
+    assert sw.done is not None and sj.done is None  # done while the job still streams
+    assert warm.prefilled_tokens == len(system)
 
 
 def test_by_class_reports_the_oldest_entry_age():

@@ -105,11 +105,13 @@ class BatchComposer:
             items.append(BatchItem(r, r.n_past, 1, True))
         prefilling, large = self.policy.prefill_plan(
             self.policy.order([r for r in running if r.remaining > 1], now))
-        if items:
-            # A warm-up never slows a stream: on a CPU even the smallest chunk beside one
-            # costs several decodes (the 1.5B: 16 tokens made each step 0.4 s instead of
-            # 0.1 s for the first 90 s after a restart). A command that needs the same
-            # prompt computes it, and that serves the warm-up (warm_ups.served_warm_ups).
+        if any(self.policy.waited_for(r.rank) for r in decoding):
+            # A warm-up never slows a stream someone waits for: on a CPU even the smallest
+            # chunk beside one costs several decodes (the 1.5B: 16 tokens made each step
+            # 0.4 s instead of 0.1 s for the first 90 s after a restart). A command that
+            # needs the same prompt computes it, and that serves the warm-up
+            # (warm_ups.served_warm_ups). Beside jobs' streams it goes on: a voice command's
+            # warm prompt is worth more than a job's pace.
             prefilling = [r for r in prefilling if not r.warm_up]
         stretched, self.stretched = self.stretched, False
         if not prefilling:  # a decode-only iteration: no budget to search for
