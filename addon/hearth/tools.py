@@ -326,11 +326,17 @@ def tool_call_schema(tools: list[dict[str, Any]], only: str | None = None) -> di
     return variants[0] if len(variants) == 1 else {"oneOf": variants}
 
 
+# The most values an enum list is bounded by: the converter writes one nested group per item
+# allowed, and a long enum (up to schema_limits.MAX_ENUM_VALUES) would nest too deep.
+BOUNDED_ENUM_VALUES = 32
+
+
 def _enum_lists_bounded(schema: Any) -> Any:
     """A copy of ``schema`` where each list of enum values holds at most as many items as the
-    enum has: a longer one must repeat a value, and the 1.5B, once it repeated one, wrote
-    ``"light", "sensor", "light", …`` until the token limit (issue 30). A list's own
-    ``maxItems`` stays, and so does one whose ``minItems`` asks for more."""
+    enum has (up to BOUNDED_ENUM_VALUES): a longer one must repeat a value, and the 1.5B,
+    once it repeated one, wrote ``"light", "sensor", "light", …`` until the token limit
+    (issue 30). A list's own ``maxItems`` stays, and so does one whose ``minItems`` asks for
+    more."""
     if isinstance(schema, list):
         return [_enum_lists_bounded(s) for s in schema]
     if not isinstance(schema, dict):
@@ -340,7 +346,8 @@ def _enum_lists_bounded(schema: Any) -> Any:
     enum = items.get("enum") if isinstance(items, dict) else None
     if schema.get("type") == "array" and isinstance(enum, list) and "maxItems" not in schema:
         n = len({json.dumps(v, sort_keys=True) for v in enum})
-        if n and not (isinstance(schema.get("minItems"), int) and schema["minItems"] > n):
+        if 0 < n <= BOUNDED_ENUM_VALUES and not (isinstance(schema.get("minItems"), int)
+                                                 and schema["minItems"] > n):
             out["maxItems"] = n
     return out
 

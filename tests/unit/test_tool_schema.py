@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from hearth.tools import tool_call_schema
+from hearth.tools import BOUNDED_ENUM_VALUES, tool_call_schema
 
 
 def _tool(params: dict) -> dict:
@@ -33,6 +33,8 @@ def test_a_list_keeps_its_own_bound_and_one_that_asks_for_more_items_is_left_alo
     props = _args({"type": "object", "properties": {
         "a": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 5},
         "b": {"type": "array", "items": {"enum": ["x"]}, "minItems": 2},
-        "c": {"type": "array", "items": {"type": "string"}}}})["properties"]
+        "c": {"type": "array", "items": {"type": "string"}},
+        "d": {"type": "array", "items": {"enum": [str(i) for i in range(BOUNDED_ENUM_VALUES + 1)]}},
+    }})["properties"]
     assert props["a"]["maxItems"] == 5
-    assert "maxItems" not in props["b"] and "maxItems" not in props["c"]
+    assert not {"b", "c", "d"} & {k for k, v in props.items() if "maxItems" in v}  # d: too deep
