@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# A call's object opening, as the lazy grammar's trigger sees it (``tools.LAZY_CALL_TRIGGER``).
+# A call's object opening, as the lazy grammar's trigger sees it
+# (``tool_grammars.LAZY_CALL_TRIGGER``).
 _OPEN = re.compile(r'\{[ \t\n]*"name"')
 # The call object's own keys, in the order the grammar holds them, and their values' schemas.
 _CALL = {"name": {"type": "string"}, "arguments": {"type": "object"}}

@@ -26,15 +26,14 @@ from .schema_limits import (
     check_schema,
     check_tools,
 )
-from .tools import (
-    RESPONSE_OPEN,
-    ToolStream,
+from .tool_grammars import (
     lazy_call_grammar,
     lazy_call_trigger,
     tool_call_schema,
     with_argument_values,
     wrap_grammar,
 )
+from .tools import RESPONSE_OPEN, ToolStream
 
 log = logging.getLogger(__name__)
 

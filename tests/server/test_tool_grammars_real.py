@@ -13,15 +13,15 @@ from hearth.llama_adapter import Model, init_backend
 from hearth.llama_sampling import Sampler, json_schema_grammar
 from hearth.models import packaged_model
 from hearth.requests import SamplingParams
-from hearth.tools import (
+from hearth.tool_grammars import (
     LAZY_CALL_TRIGGER,
     lazy_call_grammar,
     lazy_call_trigger,
-    parse_tool_calls,
     tool_call_schema,
     with_argument_values,
     wrap_grammar,
 )
+from hearth.tools import parse_tool_calls
 
 # One intent tool whose name argument may be only an exposed light's.
 TOOLS = with_argument_values([{"type": "function", "function": {

@@ -174,7 +174,7 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     20 spaces or tabs); anything else stays free rather than triggering."""
     import re
 
-    from hearth.tools import LAZY_CALL_TRIGGER, lazy_call_grammar, lazy_call_trigger
+    from hearth.tool_grammars import LAZY_CALL_TRIGGER, lazy_call_grammar, lazy_call_trigger
 
     trigger = re.compile(LAZY_CALL_TRIGGER)
     assert trigger.groups == 0  # a group would move where the replay starts
