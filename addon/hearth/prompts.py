@@ -181,7 +181,14 @@ class ChatFormatter:
         calls = m.get("tool_calls")
         if role == "assistant" and calls:
             if self.native_tools:
-                out["tool_calls"] = calls
+                # Arguments as an object, as templates expect (Qwen2.5's writes them with
+                # ``tojson``): left a JSON string, the history showed every earlier call with
+                # escaped arguments (``"arguments": "{\"name\": …}"``), and the 1.5B wrote
+                # its next call so.
+                out["tool_calls"] = [
+                    {**c, "function": {**c["function"],
+                                       "arguments": _json_args(c["function"].get("arguments"))}}
+                    if isinstance(c.get("function"), dict) else c for c in calls]
             else:
                 out["content"] += "".join(
                     "<tool_call>" + json.dumps({

@@ -85,6 +85,24 @@ def test_native_tool_template_receives_tools():
     assert f.render([{"role": "user", "content": "x"}], tools=TOOLS) == "[HassTurnOn]x"
 
 
+def test_a_native_template_gets_a_calls_arguments_as_an_object():
+    """OpenAI messages carry a call's arguments as a JSON string; a template writes them with
+    ``tojson`` (Qwen2.5's does), so they go in as an object, as transformers and llama.cpp's
+    server pass them. A string that is not JSON stays as it is."""
+    tmpl = ("{% if tools %}{% endif %}{% for m in messages %}{% for c in m.tool_calls or [] %}"
+            "{{ c.function.name }}:{{ c.function.arguments | tojson }};"
+            "{% endfor %}{% endfor %}")
+    f = ChatFormatter(tmpl)
+    assert f.native_tools
+    call = {"id": "a", "type": "function",
+            "function": {"name": "HassTurnOn", "arguments": '{"name": "Kitchen light"}'}}
+    odd = {**call, "function": {"name": "HassTurnOff", "arguments": "not json"}}
+    message = {"role": "assistant", "content": "", "tool_calls": [call, odd]}
+    out = f.render([{"role": "user", "content": "x"}, message], tools=TOOLS)
+    assert out == 'HassTurnOn:{"name": "Kitchen light"};HassTurnOff:"not json";', out
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"name": "Kitchen light"}'
+
+
 def test_tools_are_listed_as_transformers_lists_them():
     """``tojson`` keeps the keys' order and the text as written (Jinja's own sorts keys and
     escapes ' < > & and non-ASCII)."""
