@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from homeassistant.components import conversation
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
-from homeassistant.const import STATE_ON
+from homeassistant.const import CONF_LLM_HASS_API, STATE_ON
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
@@ -111,7 +111,7 @@ async def test_a_follow_up_sees_the_last_command_answered_by_its_call(
     await hass.async_block_till_done()
     async_expose_entity(hass, "conversation", "input_boolean.kitchen_light", True)
     entry = await async_setup_hearth(hass, fake_hearth.url, conversation={
-        **CONVERSATION_OPTIONS, "llm_hass_api": ["assist"], CONF_CONFIRM_ACTIONS: confirm})
+        **CONVERSATION_OPTIONS, CONF_LLM_HASS_API: ["assist"], CONF_CONFIRM_ACTIONS: confirm})
     agent_id, context = entity_of(hass, entry, "conversation"), Context(user_id=hass_admin_user.id)
     fake_hearth.chat_handler = lambda body: tool_call_script(body, {"name": target})
     first = await conversation.async_converse(

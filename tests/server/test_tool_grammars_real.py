@@ -188,25 +188,18 @@ def test_forced_text_is_taken_only_as_far_as_the_grammar_allows(model):
     the allowed ones, and nothing refused reaches llama.cpp (which would abort)."""
     grammar = lazy_call_grammar(CALL_JSON)
     opened = '<tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "'
-
-    def sampler_after(text: str) -> Sampler:
-        return _sampler_after(model, grammar, text)
-
-    def piece(tokens: list[int]) -> str:
-        return _text(model, tokens)
-
-    s = sampler_after(opened)
-    want = model.tokenize("Porch light", add_special=False, parse_special=False)
+    s = _sampler_after(model, grammar, opened)
+    want = _tokens(model, "Porch light")
     assert s.force(want) == want
     s.close()
-    s = sampler_after(opened)
-    taken = s.force(model.tokenize("Porch heater", add_special=False, parse_special=False))
-    assert "Porch light".startswith(piece(taken)) and "heater" not in piece(taken)
-    assert s.force(model.tokenize(" light", add_special=False, parse_special=False))
+    s = _sampler_after(model, grammar, opened)
+    taken = _text(model, s.force(_tokens(model, "Porch heater")))
+    assert "Porch light".startswith(taken) and "heater" not in taken
+    assert s.force(_tokens(model, " light"))
     s.close()
     # before the call opens the grammar holds nothing: prose is taken as it comes
-    s = sampler_after("Sure, ")
-    prose = model.tokenize("the porch light is on.", add_special=False, parse_special=False)
+    s = _sampler_after(model, grammar, "Sure, ")
+    prose = _tokens(model, "the porch light is on.")
     assert s.force(prose) == prose
     s.close()
 

@@ -1,8 +1,9 @@
 """Warm-ups another request made needless, a part of the engine. A warm-up
 (``POST /v1/cache/warm``, Home Assistant's agent after a restart or a change) only puts a
-prompt into the prefix cache. It runs as background work and never beside a stream (the
-composer), so a command that arrives meanwhile computes the same prompt itself; once that
-command's cells are cached, what the warm-up still had to compute is there already."""
+prompt into the prefix cache. It runs as background work and never beside a voice or chat
+stream (the composer), so a command that arrives meanwhile computes the same prompt itself;
+once that command's cells are cached, what the warm-up still had to compute is there
+already."""
 
 from __future__ import annotations
 
