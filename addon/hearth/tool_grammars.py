@@ -94,7 +94,8 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 # whose object begins with "name" (how small instruct models such as Qwen2.5-Coder often
 # write a call), a fence holding other JSON staying free; the same object after ``<tools>``
 # (the 1.5B wraps calls in the tag its template lists the tools in); an answer opening with
-# ``{{"name"`` (Qwen2.5's template shows its call so), which no JSON answer does; and an
+# ``{{"name"`` (Qwen2.5's template shows its call so), which no JSON answer does, or such a
+# line after prose (the 1.5B explained a follow-up's call, then wrote it so); and an
 # answer opening with bare JSON that names one of the request's tools (``{"name":
 # "HassTurnOn"``, :func:`lazy_call_trigger`), which the answer parsed as a call anyway, so
 # unheld it could name a light that does not exist. Other JSON answers stay free.
@@ -107,7 +108,7 @@ def wrap_grammar(gbnf: str, prefix: str, suffix: str, repeat: bool = False) -> s
 # An object opening with its "name" key, its whitespace as _PRETTY_SPACE allows.
 _NAME_FIRST = r'\{(?: |\n[ \t]{0,20})?"name"'
 LAZY_CALL_TRIGGER = (r'<tool_call>|(?:```json|<tools>)[ \t\n]*' + _NAME_FIRST
-                     + r'|^[ \t\n]*\{\{ ?"name"')
+                     + r'|(?:^[ \t\n]*|\n)\{\{ ?"name"')
 # JSON as models write it in a fence: indented, one item a line.
 _PRETTY_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
 # A grammar's literals and character classes, and its words (rule names among them).

@@ -14,7 +14,10 @@ Two output styles are understood:
   or the pythonic style (``HassTurnOn(name="Porch light")``), only when it names one of the
   request's tools.
 - Such JSON on a line of its own after some prose, when it names one of the request's tools
-  (the 1.5B, asked to "turn it on then", explained which tool it would use, then called it).
+  (the 1.5B, asked to "turn it on then", explained which tool it would use, then called it),
+  also in doubled braces (below).
+- A tool may be named by its name's last part after ``__``, or with another prefix, where
+  that fits one of the request's tools only (:func:`offered_name`).
 - The same JSON in doubled braces, ``{{"name": "f", "arguments": {...}}}``: Qwen2.5's own chat
   template shows its call format so (a literal ``{{`` in a Jinja string), and small Qwen
   models copy it. The template is left as it is: shown with one brace, the 1.5B explained
@@ -39,7 +42,7 @@ FENCE = "```"
 TOOLS_OPEN, TOOLS_CLOSE = "<tools>", "</tools>"
 _FENCE_OPEN = re.compile(r"```[A-Za-z]*[ \t]*\n?")  # ```json, ```JSON, ``` …
 LINE_CALL = "\n{"  # a call on a line of its own, after prose
-_LINE_CALL_NAME = re.compile(r'\n\{\s*"name"\s*:\s*"([^"\\\n]*)"')
+_LINE_CALL_NAME = re.compile(r'\n\{\{?\s*"name"\s*:\s*"([^"\\\n]*)"')
 
 
 def _call(name: str, args: Any) -> dict[str, Any]:
@@ -49,13 +52,25 @@ def _call(name: str, args: Any) -> dict[str, Any]:
             "function": {"name": name, "arguments": args}}
 
 
+def offered_name(name: str, names: set[str] | None) -> str | None:
+    """``name`` as the request offers it: itself, or the one tool whose name ends with the
+    same last part after ``__`` (Home Assistant prefixes tools with their API's name; the
+    1.5B, shown ``intent__HassTurnOff``, wrote ``intent__HassLightSet`` for the offered
+    ``light__HassLightSet``). None when no tool, or several, would fit."""
+    if names is None or name in names:
+        return name
+    last = name.rsplit("__", 1)[-1]
+    fits = [n for n in names if last and (n == last or n.endswith("__" + last))]
+    return fits[0] if len(fits) == 1 else None
+
+
 def _as_call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         return None
     name = obj.get("name")
     if name is None and names and obj.get("function") in names:
         name = obj["function"]  # {"function": "f", "arguments": …}: named by the tool itself
-    if not isinstance(name, str) or (names is not None and name not in names):
+    if not isinstance(name, str) or (name := offered_name(name, names)) is None:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
@@ -123,7 +138,8 @@ def _bare_calls(text: str, names: set[str] | None) -> list[dict[str, Any]] | Non
 
 def _line_call(body: str, names: set[str]) -> int:
     """Where a JSON call of one of ``names`` starts a line of ``body`` after prose, or -1."""
-    return next((m.start() for m in _LINE_CALL_NAME.finditer(body) if m[1] in names), -1)
+    return next((m.start() for m in _LINE_CALL_NAME.finditer(body)
+                 if offered_name(m[1], names) is not None), -1)
 
 
 def _all_calls(objs: list[Any] | None, names: set[str] | None) -> list[dict[str, Any]] | None:

@@ -161,7 +161,9 @@ def test_a_bare_call_naming_a_tool_is_held_and_other_json_stays_free(model):
     for text in ('{"name": "HassTurnOn", "arguments": {"name": "Porch light"}}',
                  '\n{\n  "name": "HassTurnOn",\n  "arguments": {"name": "Porch light"}\n}',
                  'I will use HassTurnOn.\n\n{"name": "HassTurnOn", "arguments": {"name": '
-                 '"Porch light"}}'):
+                 '"Porch light"}}',
+                 'I will use HassTurnOn.\n{{"name": "HassTurnOn", "arguments": {"name": '
+                 '"Porch light"}}}'):
         replay(model, grammar, trigger, text)
 
 

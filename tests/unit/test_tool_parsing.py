@@ -92,8 +92,9 @@ def test_a_call_in_tools_tags_or_after_its_name_is_a_call():
 
 def test_a_call_on_its_own_line_after_prose_is_a_call():
     """The 1.5B, asked to "turn it on then", explained which tool it would use and then wrote
-    the call on a line of its own: the call counts and the prose stays content. The same
-    JSON inline, naming no tool, or without tools sent is not a call."""
+    the call on a line of its own (also in doubled braces): the call counts and the prose
+    stays content. The same JSON inline, naming no tool, or without tools sent is not a
+    call."""
     prose = "I'll use the `HassTurnOn` tool to turn the light on."
     text = f"{prose}\n\n\n{json.dumps(CALL)}"
     content, calls = parse_tool_calls(text, NAMES)
@@ -105,6 +106,12 @@ def test_a_call_on_its_own_line_after_prose_is_a_call():
                  f"{prose}\n{json.dumps(CALL)} and more"):
         assert parse_tool_calls(free, NAMES) == (free, []), free
     assert parse_tool_calls(text, None) == (text, [])
+    # doubled, as Qwen2.5's template shows a call (the 1.5B's follow-up wrote it so)
+    doubled = f"{prose}\n{{{json.dumps(CALL)}}}"
+    content, again = parse_tool_calls(doubled, NAMES)
+    assert content == prose and _calls(again) == _calls(calls)
+    odd = f'{prose}\n{{{{"name": "Paris", "age": 3}}}}'
+    assert parse_tool_calls(odd, NAMES) == (odd, [])
     stream = ToolStream(NAMES)
     shown = "".join(stream.feed(c) for c in (prose[:9], prose[9:], "\n\n", "\n{", '"name"',
                                              json.dumps(CALL)[7:]))
@@ -180,7 +187,8 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     assert trigger.groups == 0  # a group would move where the replay starts
     for held in ('```json\n{"name"', '```json\n{\n  "name"', '```json\n\n{ "name"',
                  '<tools>\n{\n  "name"', 'Use: <tools>{"name"',
-                 "<tool_call>", 'Sure. ```json\n{\n\t"name"', '{{"name"', '\n {{ "name"'):
+                 "<tool_call>", 'Sure. ```json\n{\n\t"name"', '{{"name"', '\n {{ "name"',
+                 'Sure.\n{{"name"', 'I will.\n\n{{ "name"'):
         assert trigger.search(held), held
     for free in ('```json\n{  "name"', '```json\n{\n\n"name"', '```JSON\n{"name"',
                  '```json\n{"city"', '```\n{"name"', '{"name"',
@@ -206,3 +214,20 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     assert 'doubled ::= [ \\t\\n]* "{" body "}"?' in grammar and "\nbody ::=" in grammar
     # Hermes calls keep the converter's compact JSON (indenting spends a short reply's tokens)
     assert '\nspace ::= " "?' in grammar and "\nfenced-space ::= " in grammar
+
+
+def test_a_tool_named_with_another_prefix_is_the_one_offered_that_fits():
+    """Home Assistant prefixes tools with their API's name; the 1.5B, shown
+    ``intent__HassTurnOff``, wrote ``intent__HassLightSet`` for ``light__HassLightSet``. A name
+    whose last part fits one offered tool is that tool; one fitting none or several is not a
+    call."""
+    names = {"intent__HassTurnOn", "light__HassLightSet", "a__Same", "b__Same"}
+    args = {"name": "Porch light", "brightness": 50}
+    for written in ("intent__HassLightSet", "HassLightSet", "light__HassLightSet"):
+        text = json.dumps({"name": written, "arguments": args})
+        assert _calls(parse_tool_calls(text, names)[1]) == [("light__HassLightSet", args)]
+        line = f"To dim it:\n{text}"
+        assert _calls(parse_tool_calls(line, names)[1]) == [("light__HassLightSet", args)]
+    for written in ("c__Same", "Same", "HassLightSetX", "intent__", "Paris"):
+        text = json.dumps({"name": written, "arguments": args})
+        assert parse_tool_calls(text, names) == (text, []), written
