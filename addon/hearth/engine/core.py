@@ -2,8 +2,9 @@
 Its parts own their state and are given what they need: admission and preemption
 (:mod:`.admission`), the KV cache's accounting (:mod:`.kv`), batch composition
 (:mod:`.batching`), embeddings (:mod:`.embeddings`), failed, cut and lost decodes
-(:mod:`.recovery`), packing (:mod:`.compaction`) and saving (:mod:`.persistence`) the prefix
-cache, and what other threads may read (:mod:`.view`)."""
+(:mod:`.recovery`), how a request ends (:mod:`.retiring`), packing (:mod:`.compaction`) and
+saving (:mod:`.persistence`) the prefix cache, and what other threads may read
+(:mod:`.view`)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .kv import KVSpace
 from .outbox import Outbox
 from .persistence import Persister
 from .recovery import Recovery
+from .retiring import Retirer
 from .view import View
 from .warm_ups import served_warm_ups
 
@@ -57,11 +59,16 @@ class EngineCore:
         self.last_iteration: dict[str, Any] = {}
         self.failed: str | None = None  # set when the engine thread died: nothing is served
         self.arbiter: Any = None  # set when other engines share the accelerator
+        self.retirer = Retirer(backend, self.cfg, self.policy, self.stats, self.outbox,
+                               self.kv, self.waiting, self.running)
+        self._finish, self._fail = self.retirer.finish, self.retirer.fail
         self.admitter = Admitter(backend, self.cfg, self.policy, self.stats, self.kv,
                                  self.waiting, self.running, self._finish, self._fail)
         self.batcher = BatchComposer(backend, self.cfg, self.policy)
         self.embedder = Embedder(backend, self.cfg, self.policy, self.stats, self.outbox.emit,
                                  self._fail, self.batcher.target)
+        self.retirer.changed, self.retirer.unqueue_embedding = (self.admitter.changed,
+                                                                self.embedder.remove)
         self.recovery = Recovery(backend, self.policy, self.stats, self.outbox, self.kv,
                                  self.waiting, self.running, self.embedder, self._fail,
                                  self.admitter.changed, self._charge_computed)
@@ -374,47 +381,3 @@ class EngineCore:
         elif r.n_generated >= r.max_tokens or len(r.tokens) >= self.b.n_ctx_seq:
             self._finish(r, "length", now)
         return decoded
-
-    # -- retiring ---------------------------------------------------------------------------
-    def _finish(self, r: Request, reason: str, now: float, flush: bool = True) -> None:
-        if r.finished:
-            return
-        r.finished = True
-        r.finish_reason = reason
-        r.finished_at = now
-        if flush and reason != "cancelled" and r.decoder is not None:
-            thought, tail = r.split(r.decoder.flush(), final=True)
-            text, _ = r.stopper.feed(tail) if r.stopper else (tail, False)
-            text += r.stopper.flush() if r.stopper else ""
-            if text or thought:
-                self.outbox.emit(r, Event("token", text=text, reasoning=thought))
-        self._retire(r)
-        self.stats.record_finished(r, now)
-        self.outbox.emit(r, Event("done", finish_reason=reason, usage=r.usage(), timing=r.timing()))
-
-    def _fail(self, r: Request, message: str, now: float, status: int = 500) -> None:
-        if r.finished:
-            return
-        r.finished = True
-        r.finish_reason = "error"
-        r.finished_at = now
-        self._retire(r)
-        self.stats.record_finished(r, now)
-        self.outbox.emit(r, Event("error", message=message, status=status))
-
-    def _retire(self, r: Request) -> None:
-        self.admitter.changed()  # a slot, cells or a class's share may have come free
-        if r in self.waiting:
-            self.waiting.remove(r)
-        self.embedder.remove(r)
-        if r in self.running:
-            self.running.remove(r)
-            if (self.cfg.prefix_cache and r.seq_id is not None and r.n_past > 0
-                    and not r.cancelled):
-                self.kv.keep(r)
-            else:
-                self.kv.release(r)
-        if r.sampler is not None:
-            self.b.free_sampler(r.sampler)
-            r.sampler = None
-        self.policy.user_left(r.user)
