@@ -96,18 +96,3 @@ ATTR_CLASS: Final = "class"
 ATTR_MAX_TOKENS: Final = "max_tokens"
 ATTR_TAG: Final = "tag"
 ATTR_JOB_ID: Final = "job_id"
-
-# One sentence after the system prompt of an agent offered Assist's intent tools: small models
-# answered follow-ups ("and the porch light too", "turn it back on") by copying the last turn's
-# "Turned on the light" without a call, and explained calls in prose. With it the 1.5B made
-# the follow-up call 7 of 12 times, without it 3 of 12 (direct requests to the server, the
-# demo's prompt; issue 30). "All the lights" and "everything": the 1.5B turned on one light,
-# and Home Assistant's own prompt tells it to ask for an area; with the domain-alone sentence
-# the command benchmark's "all" cases passed 4 of 4 with local intents first (README).
-CALL_HINT: Final = (
-    "Each request to control a device needs its own tool call in that turn, also when it "
-    'follows an earlier one ("and the porch light too", "turn it back on"): never say a '
-    "device was changed without calling the tool. For all the lights, or everything, call the "
-    "tool once with their domain alone, without a name or area. A question about a device "
-    "changes nothing. To act, answer with the tool call alone, not with an explanation of it."
-)

@@ -16,6 +16,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
+from .call_hint import with_call_hint
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
 from .confirm import (
     action_confirmation,
@@ -42,7 +43,6 @@ from .intent_tools import (
     intent_argument_values,
     narrow_intent_kinds,
     shared_argument_sets,
-    with_call_hint,
 )
 from .messages import (
     convert_all,
@@ -158,11 +158,13 @@ def warm_up_body(
     """The ``/v1/cache/warm`` body for a chat log given its system prompt and tools: what every
     request of that log starts with, to be cached for ``request_class`` on the model its turns
     go to."""
+    exposed = turn_exposed(hass, chat_log.llm_api)
+    system = convert_content(chat_log.content[0])
     return {
-        "messages": [with_call_hint(convert_content(chat_log.content[0]), chat_log.llm_api)],
+        "messages": [with_call_hint(system, chat_log.llm_api, exposed)],
         "priority": request_class,
         **model_field(options),
-        **tool_fields(hass, chat_log.llm_api, features),
+        **tool_fields(hass, chat_log.llm_api, features, exposed),
     }
 
 
@@ -245,7 +247,7 @@ class HearthBaseLLMEntity(Entity):
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
         history = without_confirmations(chat_log.content)
         messages = convert_all(history)
-        messages[:1] = [with_call_hint(m, chat_log.llm_api) for m in messages[:1]]
+        messages[:1] = [with_call_hint(m, chat_log.llm_api, exposed) for m in messages[:1]]
         await async_add_attachments(self.hass, history, messages)
         offered = {tool["function"]["name"] for tool in body.get("tools") or ()}
         messages = trim_history(

@@ -1,7 +1,7 @@
 """Assist's intent tools as a small model should see and call them: their arguments held to
 the home's exposed names, domains, device classes and floors; a call naming a device in an
-area it is not in, or naming no target while the request named one, repaired; a few
-sentences of guidance (follow-ups, "all the lights", questions). Measured with
+area it is not in, or naming no target while the request named one, repaired (the
+guidance after the system prompt is in :mod:`.call_hint`). Measured with
 ``make bench-commands MODEL=qwen1.5b`` (README, issue 30)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers import llm
 
 from .compat import exposed_kinds, exposed_names, listed
-from .const import CALL_HINT, LOGGER
+from .const import LOGGER
 
 
 def _intent(tool: llm.Tool) -> llm.IntentTool | None:
@@ -149,14 +149,6 @@ def shared_argument_sets(
             same = sets.setdefault(key, allowed) is allowed  # one exposed-names list per turn
             shared[tool][arg] = f"${key}" if same else allowed
     return shared, sets
-
-
-def with_call_hint(message: dict[str, Any], llm_api: llm.APIInstance | None) -> dict[str, Any]:
-    """The system ``message`` with :data:`CALL_HINT` after it when the model is offered intent
-    tools (a turn and its warm-up both: the prompt they share must stay the same)."""
-    if message.get("role") != "system" or not intent_tools(llm_api):
-        return message
-    return {**message, "content": f"{message['content']}\n{CALL_HINT}"}
 
 
 def area_repair(

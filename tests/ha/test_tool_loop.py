@@ -22,8 +22,8 @@ from homeassistant.helpers.json import json_dumps
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
+from custom_components.hearth.call_hint import FOLLOW_UPS
 from custom_components.hearth.const import (
-    CALL_HINT,
     CLASS_HEADER,
     CONF_CONFIRM_ACTIONS,
     CONF_MAX_HISTORY,
@@ -361,7 +361,7 @@ async def test_a_call_naming_a_device_in_another_area_loses_the_area(
     )
     assert hass.states.get(kitchen_light).state == STATE_ON
     _, first = fake_hearth.chat_requests[0]
-    assert first["messages"][0]["content"].endswith("\n" + CALL_HINT)
+    assert first["messages"][0]["content"].rsplit("\n", 1)[1].startswith(FOLLOW_UPS)
 
 
 async def test_exposed_names_go_once_to_a_server_that_takes_sets(
