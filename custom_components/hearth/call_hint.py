@@ -67,10 +67,11 @@ def call_examples(llm_api: llm.APIInstance, exposed: dict[str, dict[str, Any]]) 
     answered by reading the home: each as a call of the tools offered, on one of the home's
     lights.
 
-    Told in words, the 1.5B named one light for "turn off all the lights" in 8 of 18 calls;
-    shown these calls, in none of 21, and 6 of 6 questions read the home where 3 of 5 did
-    (the demo's prompt, temperature 0.7). One example alone, for all the lights, was copied:
-    "turn on the kitchen light" and "is the kitchen light on?" then turned on every light.
+    Told in words, the 1.5B named one light in 9 of 24 calls for "all the lights" or
+    "everything"; shown these calls, in none of 9, and no question of 6 changed anything
+    where 3 of 8 did (the demo's prompt, temperature 0.7; README). One example alone, for all
+    the lights, was copied: "turn on the kitchen light" and "is the kitchen light on?" then
+    turned on every light.
     Without the brightness example, "set … to 60%" became HassTurnOn more often, and its
     tool's name took the on/off examples' prefix (``intent__HassLightSet``)."""
     off, light = _offered(llm_api, "HassTurnOff"), _first_light(exposed)
