@@ -1,5 +1,5 @@
 """The guidance after the system prompt of an agent offered Assist's intent tools: a few
-sentences, and three example calls built from the home's own tools and lights. Measured with
+sentences, and example calls built from the home's own tools and its first light. Measured with
 direct requests to the server on the demo's prompt and with ``make bench-commands
 MODEL=qwen1.5b`` (README, issue 30)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 from homeassistant.helpers import llm
 
 from .compat import listed
-from .intent_tools import intent_tools
+from .intent_tools import intent_tools, tool_kind
 
 # Small models answered follow-ups ("and the porch light too", "turn it back on") by copying
 # the last turn's "Turned on the light" without a call, and explained calls in prose. With
@@ -43,13 +43,11 @@ def _example(tool: str, args: dict[str, Any]) -> str:
 
 
 def _offered(llm_api: llm.APIInstance, base_name: str) -> str | None:
-    """The name under which ``llm_api`` offers the tool named ``base_name``: an intent tool
-    by its intent, another by its name, which later releases prefix with its API's
-    (``homeassistant__GetLiveContext``); a tool two APIs share wraps the original."""
+    """The name under which ``llm_api`` offers the tool named ``base_name`` (its intent, or
+    its name with or without its API's prefix: :func:`tool_kind`)."""
     want = base_name.casefold()
     for tool in llm_api.tools:
-        base = getattr(tool, "tool", tool)
-        kind = str(getattr(base, "intent_type", base.name)).casefold()
+        kind = tool_kind(tool)
         if kind == want or kind.endswith(f"__{want}"):
             return str(tool.name)
     return None

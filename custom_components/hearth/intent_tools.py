@@ -24,6 +24,14 @@ def _intent(tool: llm.Tool) -> llm.IntentTool | None:
     return base if isinstance(base, llm.IntentTool) else None
 
 
+def tool_kind(tool: llm.Tool) -> str:
+    """What ``tool`` is, casefolded: an intent tool's intent type (an intent tool of 2026.2
+    keeps only that, slugified, as its name), another tool's own name (later releases prefix
+    it with its API's: ``homeassistant__GetLiveContext``)."""
+    base = getattr(tool, "tool", tool)
+    return str(getattr(base, "intent_type", base.name)).casefold()
+
+
 def _names_entities(tool: llm.Tool) -> bool:
     """Whether ``tool`` is an intent tool whose ``name`` argument names an entity (a timer
     intent's ``name`` is the timer's own)."""
@@ -116,12 +124,11 @@ def narrow_intent_kinds(
     floors = floor_names(hass)
     colour = exposed_lights_colour(hass, exposed)
     for tool, described in zip(llm_api.tools, formatted, strict=True):
-        if (base := _intent(tool)) is None:
+        if _intent(tool) is None:
             continue
         params = described["function"]["parameters"]
         props = params.get("properties") or {}
-        # An intent tool of 2026.2 keeps only its name (the intent type, slugified).
-        kind = str(getattr(base, "intent_type", base.name)).casefold()
+        kind = tool_kind(tool)
         if kind == "hasslightset" and not colour:
             for arg in _COLOUR_ARGS:
                 if arg not in params.get("required", ()):
