@@ -16,7 +16,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .call_hint import with_call_hint
+from .call_hint import ACT_ALONE, with_call_hint
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
 from .confirm import (
     action_confirmation,
@@ -38,6 +38,7 @@ from .const import (
     MODEL_CLASS_DEFAULT,
 )
 from .coordinator import HearthQueueCoordinator
+from .described_call import Rescue
 from .intent_tools import (
     call_repair,
     intent_argument_values,
@@ -254,7 +255,20 @@ class HearthBaseLLMEntity(Entity):
             offered_call_names(paired_tool_messages(messages), offered), max_history
         )
 
-        for _iteration in range(MAX_TOOL_ITERATIONS):
+        for iteration in range(MAX_TOOL_ITERATIONS):
+            # An answer that is no answer is asked again (:mod:`.described_call`): a described
+            # call only in a turn's first answer, as later ones follow tool results.
+            rescue = None
+            if offered and structure is None:
+                rescue = Rescue(
+                    offered,
+                    lambda tool_choice: data.client.async_chat_stream(
+                        {**body, "messages": messages, "tool_choice": tool_choice},
+                        request_class,
+                    ),
+                    echoes=(asked, ACT_ALONE),
+                    described=iteration == 0,
+                )
             try:
                 stream = data.client.async_chat_stream(
                     {**body, "messages": messages}, request_class
@@ -263,7 +277,7 @@ class HearthBaseLLMEntity(Entity):
                     [
                         convert_content(content)
                         async for content in chat_log.async_add_delta_content_stream(
-                            self.entity_id, transform_stream(stream, repair)
+                            self.entity_id, transform_stream(stream, repair, rescue)
                         )
                     ]
                 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from homeassistant.components import conversation
@@ -13,6 +14,7 @@ from homeassistant.util import slugify
 
 from .compat import schema_to_openapi, tool_result_data, tool_result_message, vol
 from .const import LOGGER
+from .described_call import HeldSentences, Rescue
 
 
 def _strict_schema(schema: dict[str, Any]) -> None:
@@ -118,54 +120,97 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 async def transform_stream(
     chunks: AsyncIterator[dict[str, Any]],
     repair: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+    rescue: Rescue | None = None,
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """Turn OpenAI chat-completion chunks into chat-log deltas.
 
-    Text is passed on as it arrives (so a voice pipeline can start speaking); tool calls are
-    assembled from their fragments and handed over when the stream ends, their arguments
-    through ``repair`` (tool name, arguments) where given.
+    Text is passed on as it arrives (so a voice pipeline can start speaking), or with
+    ``rescue`` a sentence at a time, an answer that is no answer held back and asked again
+    (:mod:`.described_call`); tool calls are assembled from their fragments and handed over
+    when the stream ends, their arguments through ``repair`` (tool name, arguments) where given.
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
+    held = HeldSentences(rescue) if rescue else None
+    async for delta in _deltas(chunks, calls, held):
+        yield delta
+    if rescue is not None and held is not None:
+        if rest := held.finish():
+            yield {"content": rest}
+        if not calls and (tool_choice := held.retry):
+            LOGGER.info("The model's answer %s: asking again",
+                        f"described a call to {held.named}" if held.named else "repeated words")
+            # A required call has no text; an answer asked again is held as the first was.
+            again = HeldSentences(replace(rescue, described=False))
+            async for delta in _deltas(rescue.ask(tool_choice), calls, again):
+                if held.named is None:
+                    yield delta
+            if (rest := again.finish()) and held.named is None:
+                yield {"content": rest}
+            if not calls and (held.named or not again.shown):  # nothing better: the first
+                yield {"content": held.held}
+        elif held.named:  # it described a call and made one: nothing of it is lost
+            yield {"content": held.held}
+    if tool_calls := _tool_inputs(calls, repair):
+        yield {"tool_calls": tool_calls}
+
+
+async def _deltas(
+    chunks: AsyncIterator[dict[str, Any]],
+    calls: dict[int, dict[str, str]],
+    held: HeldSentences | None,
+) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
+    """The thinking and the text of a stream as deltas (the text through ``held``), its
+    tool-call fragments added to ``calls``."""
     async for chunk in chunks:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             # The server's reasoning_content is thinking to Home Assistant: shown, never spoken.
             if thinking := delta.get("reasoning_content"):
                 yield {"thinking_content": thinking}
-            if content := delta.get("content"):
+            if (content := delta.get("content")) and held is not None:
+                content = held.feed(content)
+            if content:
                 yield {"content": content}
-            for fragment in delta.get("tool_calls") or ():
-                index = fragment.get("index")
-                if not isinstance(index, int):
-                    index = len(calls)
-                call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-                if fragment.get("id"):
-                    call["id"] = fragment["id"]
-                function = fragment.get("function") or {}
-                if function.get("name"):
-                    call["name"] += function["name"]
-                if function.get("arguments"):
-                    arguments = function["arguments"]
-                    call["arguments"] += (
-                        arguments if isinstance(arguments, str) else json.dumps(arguments)
-                    )
-    if calls:
-        tool_calls = []
-        for index in sorted(calls):
-            call = calls[index]
-            if not call["name"]:
-                continue
-            args = _parse_arguments(call["arguments"])
-            if repair is not None:
-                args = repair(call["name"], args)
-            tool_calls.append(
-                llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
-                if call["id"]  # else Home Assistant gives the call an id of its own
-                else llm.ToolInput(tool_name=call["name"], tool_args=args)
-            )
-        if tool_calls:
-            yield {"tool_calls": tool_calls}
+            _add_fragments(calls, delta)
+
+
+def _add_fragments(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
+    """Add a delta's tool-call fragments to the calls being assembled."""
+    for fragment in delta.get("tool_calls") or ():
+        index = fragment.get("index")
+        if not isinstance(index, int):
+            index = len(calls)
+        call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        if fragment.get("id"):
+            call["id"] = fragment["id"]
+        function = fragment.get("function") or {}
+        if function.get("name"):
+            call["name"] += function["name"]
+        if function.get("arguments"):
+            arguments = function["arguments"]
+            call["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _tool_inputs(
+    calls: dict[int, dict[str, str]],
+    repair: Callable[[str, dict[str, Any]], dict[str, Any]] | None,
+) -> list[llm.ToolInput]:
+    """The assembled calls as Home Assistant's tool inputs (nameless fragments dropped)."""
+    tool_calls = []
+    for index in sorted(calls):
+        call = calls[index]
+        if not call["name"]:
+            continue
+        args = _parse_arguments(call["arguments"])
+        if repair is not None:
+            args = repair(call["name"], args)
+        tool_calls.append(
+            llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
+            if call["id"]  # else Home Assistant gives the call an id of its own
+            else llm.ToolInput(tool_name=call["name"], tool_args=args)
+        )
+    return tool_calls
 
 
 def convert_all(contents: Iterable[conversation.Content]) -> list[dict[str, Any]]:

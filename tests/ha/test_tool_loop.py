@@ -525,18 +525,19 @@ async def test_listened_turn_streams_and_stays_chat(
     hass: HomeAssistant, fake_hearth: FakeHearth, fake_entry: MockConfigEntry
 ) -> None:
     """A turn whose chat log has a delta listener but no device (the typed Assist dialog)
-    is chat, and the answer reaches the listener piece by piece."""
-    fake_hearth.chat_handler = lambda body: text_chunks("It is sunny and warm today.")
+    is chat, and the answer reaches the listener piece by piece (a sentence at a time: an
+    agent with tools holds each back until it ends, see test_described_call)."""
+    fake_hearth.chat_handler = lambda body: text_chunks("It is sunny. It is warm today.")
     agent_id = entity_of(hass, fake_entry, "conversation")
     result, deltas, _ = await _pipeline_turn(hass, agent_id, "How is the weather?")
 
-    assert result.response.speech["plain"]["speech"] == "It is sunny and warm today."
+    assert result.response.speech["plain"]["speech"] == "It is sunny. It is warm today."
     headers, body = fake_hearth.chat_requests[-1]
     assert body["priority"] == "chat"
     assert headers[CLASS_HEADER] == "chat"
     pieces = [delta["content"] for delta in deltas if delta.get("content")]
     assert len(pieces) > 1
-    assert "".join(pieces) == "It is sunny and warm today."
+    assert "".join(pieces) == "It is sunny. It is warm today."
     assert hass.states.get(agent_id).attributes.get("supported_features") is not None
 
 
