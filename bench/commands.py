@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import socket
 import sys
 import tempfile
@@ -192,6 +193,22 @@ async def keep_busy(server_url: str, n: int, stop: asyncio.Event) -> None:
             await asyncio.sleep(1)
 
 
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"[^\W_]+", text.lower()))
+
+
+GUIDANCE_END = _words("To act, answer with the tool call alone, not with an explanation of it.")
+
+
+def no_answer(result: dict[str, Any]) -> bool:
+    """Whether the turn's last words say nothing: a tool call described in words, the user's
+    words or the agent guidance's last sentence repeated, or markup alone."""
+    said = result.get("speech") or ""
+    return (_words(said) in (_words(result["text"]), GUIDANCE_END)
+            or bool(re.search(r"intent__|\bHass[A-Z]\w+|GetLiveContext", said))
+            or said.strip().startswith("<"))
+
+
 def summary(results: list[dict[str, Any]], model: str, busy: int,
             server_args: list[str] | None = None) -> str:
     kinds = list(dict.fromkeys(r["kind"] for r in results))
@@ -214,6 +231,16 @@ def summary(results: list[dict[str, Any]], model: str, busy: int,
         lines.append(f"| {mode} | {sum(r['passed'] for r in rows)}/{len(rows)} | "
                      + " | ".join(f"{by_kind[k]}/{total[k]}" for k in kinds)
                      + f" | {len(local)} | {span(local)} | {span(model_t)} |")
+    # The table scores the lights, not the words: a model answer that says nothing is counted
+    # apart (a call described instead of made, the user's words or the guidance's repeated,
+    # markup alone).
+    said_nothing = [r for r in results if not r["local"] and no_answer(r)]
+    answered = Counter(r["mode"] for r in results if not r["local"])
+    lines += ["", "Model answers that said nothing: " + ", ".join(
+        f"{mode} {sum(r['mode'] == mode for r in said_nothing)} of {n}"
+        for mode, n in answered.items())]
+    lines += [f"- [{r['mode']}] {r['id']} {r['text']!r}: said {r['speech'][:80]!r}"
+              for r in said_nothing]
     failed = [r for r in results if not r["passed"]]
     if failed:  # what the model did and said where a case failed, to read beside the table
         lines += ["", "Failed cases:", ""]

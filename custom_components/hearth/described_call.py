@@ -2,7 +2,9 @@
 are shown or spoken:
 
 - a turn's first answer that describes a tool call instead of making it ("To turn on the
-  kitchen light, use the `intent__HassTurnOn` function."): asked again with a call required;
+  kitchen light, use the `intent__HassTurnOn` function."): asked again with a call of the tool
+  it named required (not any call: small models asked for just "a call" picked an action for a
+  question whose answer had named the tool that reads the home);
 - an answer that only repeats the user's words or a sentence of the agent's own guidance
   ("Is the kitchen light on?" after reading the home), or is markup alone ("<tools></tools>"):
   asked again as it was.
@@ -24,23 +26,25 @@ from typing import Any
 # Where a sentence ends: after . ! ? or : and a space, or at a line break (not inside "2.5").
 _SENTENCE_END = re.compile(r"(?<=[.!?:])\s+|\n")
 _PLAIN_WORD = re.compile(r"[a-z]+")
+_CAMEL = r"(?<=[a-z])(?=[A-Z])"  # where a capitalised word starts inside another
 # A sentence this long is let through up to its last word: a described call names its tool
 # early ("To turn on the kitchen light, use the `intent__HassTurnOn` function"), and a long
 # sentence must not keep a slow model's answer from the screen and the speaker.
 LONGEST_HELD = 160
 # Markup alone ("<tools></tools>", the chat template's own tags) says nothing either.
 _ONLY_TAGS = re.compile(r"(?:\s*</?[A-Za-z_]+>)+\s*")
-REQUIRED, AGAIN = "required", "auto"  # the tool_choice of each kind of second ask
+AGAIN = "auto"  # the tool_choice of an answer asked again as it was
 
 
 def named_tool(text: str, offered: Collection[str]) -> str | None:
     """The offered tool that ``text`` names, as a word: by its whole name, or by the part after
     its prefix (``HassTurnOn`` for ``intent__HassTurnOn``, also when the text gives it another
-    prefix). A name that is a plain word (``search``) does not count: prose uses it as a word."""
+    prefix, or one run into it: ``intent__HassGetLiveContext`` for ``GetLiveContext``). A name
+    that is a plain word (``search``) does not count: prose uses it as a word."""
     for name in sorted(offered):
         for spelling in {name, name.rpartition("__")[2]}:
             if not _PLAIN_WORD.fullmatch(spelling) and re.search(
-                    rf"(?:(?<!\w)|(?<=__)){re.escape(spelling)}(?!\w)", text):
+                    rf"(?:(?<!\w)|(?<=__)|{_CAMEL}){re.escape(spelling)}(?!\w)", text):
                 return name
     return None
 
@@ -56,7 +60,7 @@ class Rescue:
     ones follow tool results), and the request again with a given ``tool_choice``."""
 
     offered: Collection[str]
-    ask: Callable[[str], AsyncIterator[dict[str, Any]]]
+    ask: Callable[[str | dict[str, Any]], AsyncIterator[dict[str, Any]]]
     echoes: Collection[str] = ()
     described: bool = True
     _echo_words: frozenset[str] = field(init=False, repr=False, compare=False)
@@ -83,9 +87,10 @@ class HeldSentences:
         self._pending = ""
 
     @property
-    def retry(self) -> str | None:
+    def retry(self) -> str | dict[str, Any] | None:
+        """The ``tool_choice`` to ask again with: the named tool's, or as it was."""
         if self.named is not None:
-            return REQUIRED
+            return {"type": "function", "function": {"name": self.named}}
         return AGAIN if self.echoed and not self.shown else None
 
     def feed(self, text: str) -> str:

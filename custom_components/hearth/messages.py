@@ -140,7 +140,7 @@ async def transform_stream(
         if not calls and (tool_choice := held.retry):
             LOGGER.info("The model's answer %s: asking again",
                         f"described a call to {held.named}" if held.named else "repeated words")
-            # A required call has no text; an answer asked again is held as the first was.
+            # A call asked for has no text; an answer asked again is held as the first was.
             again = HeldSentences(replace(rescue, described=False))
             async for delta in _deltas(rescue.ask(tool_choice), calls, again):
                 if held.named is None:

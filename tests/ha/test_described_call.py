@@ -1,5 +1,5 @@
 """An answer that describes a tool call instead of making it: held back sentence by sentence,
-then asked again with a call required (custom_components.hearth.described_call)."""
+then asked again with a call of the tool it named (custom_components.hearth.described_call)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def _held(echoes: tuple[str, ...] = ()) -> HeldSentences:
     ("I can search the web for that.", None),  # a lower-case short name is a plain word
     ("HassTurnOnly is no tool.", None),
     ("Call assist__HassTurnOn.", "intent__HassTurnOn"),  # another prefix: the same tool
+    ('{"name": "intent__HassGetLiveContext"}', "homeassistant__GetLiveContext"),  # run into
+    ("Call getLiveContext.", None),
 ])
 def test_named_tool(text: str, named: str | None) -> None:
     assert named_tool(text, OFFERED) == named
@@ -90,16 +92,16 @@ def test_an_echo_is_held_and_asks_again_only_when_nothing_else_was_said() -> Non
     assert tags.retry == "auto"
     described = _held()
     described.feed("Use HassTurnOn. ")
-    assert described.retry == "required"
+    assert described.retry == {"type": "function", "function": {"name": "intent__HassTurnOn"}}
 
 
 def _describing(then_call: bool) -> Any:
     """A model that describes the call in words when free to answer, and makes it (or, with
-    ``then_call`` false, describes it again) when a call is required."""
+    ``then_call`` false, describes it again) when a call of that tool is required."""
 
     def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
         if body["messages"][-1]["role"] == "tool" or (
-                then_call and body["tool_choice"] == "required"):
+                then_call and body["tool_choice"] != "auto"):
             return tool_call_script(body)
         return text_chunks(f"Sure. To turn on the kitchen light, use the `{turn_on_tool(body)}` "
                            "function with the name Kitchen light.")
@@ -122,11 +124,14 @@ async def test_a_described_call_is_made_after_all(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
     """The description is neither said nor kept; the second ask, with the same messages and a
-    call required, turns the light on, and the turn goes on as for any call."""
+    call of the named tool required, turns the light on, and the turn goes on as for any
+    call."""
     said = await _converse(hass, fake_hearth, _describing(then_call=True))
     assert hass.states.get(kitchen_light).state == STATE_ON
     bodies = [body for _, body in fake_hearth.chat_requests]
-    assert [b["tool_choice"] for b in bodies] == ["auto", "required", "auto"]
+    tool = turn_on_tool(bodies[0])
+    assert [b["tool_choice"] for b in bodies] == [
+        "auto", {"type": "function", "function": {"name": tool}}, "auto"]
     assert bodies[1]["messages"] == bodies[0]["messages"]  # the same prompt: its cache serves
     assert said == "The kitchen light is on."
     assistant = [m for m in bodies[2]["messages"] if m["role"] == "assistant"]
@@ -140,8 +145,9 @@ async def test_a_description_without_a_call_is_said(
     """When the second ask brings no call either, the held text is the answer, whole."""
     said = await _converse(hass, fake_hearth, _describing(then_call=False))
     assert hass.states.get(kitchen_light).state == STATE_OFF
-    assert [b["tool_choice"] for _, b in fake_hearth.chat_requests] == ["auto", "required"]
     tool = turn_on_tool(fake_hearth.chat_requests[0][1])
+    assert [b["tool_choice"] for _, b in fake_hearth.chat_requests] == [
+        "auto", {"type": "function", "function": {"name": tool}}]
     assert said == (f"Sure. To turn on the kitchen light, use the `{tool}` function with the "
                     "name Kitchen light.")
 
@@ -150,7 +156,7 @@ async def test_only_a_turns_first_answer_is_asked_again(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
     """An answer after tool results that names a tool is said as it is: it follows what the
-    tools did, and a required call there could only repeat one."""
+    tools did, and a call asked for there could only repeat one."""
 
     def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
         if body["messages"][-1]["role"] == "tool":
