@@ -276,13 +276,16 @@ class Fleet:
 
     async def _unload(self, w: Worker) -> None:
         w.rt.state = "unloading"
+        # Counted as it starts, as a load is: the runtime reports "unloaded" from its thread,
+        # and /v1/queue must never show that state with the unload not yet counted.
+        w.unloads += 1
         t0 = time.monotonic()
         await asyncio.to_thread(w.rt.unload)
         if w.rt.state == "failed":  # a stuck engine: its context is kept, never reloaded
+            w.unloads -= 1
             log.error("model %s could not be unloaded: %s", w.name, w.rt.error)
             self._wake()
             return
-        w.unloads += 1
         w.keep_alive_s = None
         log.info("model %s unloaded in %.1f s", w.name, time.monotonic() - t0)
         self._wake()
