@@ -134,15 +134,15 @@ async def transform_stream(
     held = HeldSentences(rescue) if rescue else None
     async for delta in _deltas(chunks, calls, held):
         yield delta
-    if rescue is not None and held is not None:
+    if held is not None:
         if rest := held.finish():
             yield {"content": rest}
         if not calls and (tool_choice := held.retry):
             LOGGER.info("The model's answer %s: asking again",
                         f"described a call to {held.named}" if held.named else "repeated words")
             # A call asked for has no text; an answer asked again is held as the first was.
-            again = HeldSentences(replace(rescue, described=False))
-            async for delta in _deltas(rescue.ask(tool_choice), calls, again):
+            again = HeldSentences(replace(held.rescue, described=False))
+            async for delta in _deltas(held.rescue.ask(tool_choice), calls, again):
                 if held.named is None:
                     yield delta
             if (rest := again.finish()) and held.named is None:

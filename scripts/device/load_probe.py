@@ -74,14 +74,25 @@ def _worker_setup(imports: bool, signals: bool) -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
+def _worker_cfg(path: str, verbose: bool) -> dict:
+    """A worker's start-up settings as the runtime sends them: every layer offloaded, a small
+    context."""
+    from dataclasses import asdict
+
+    from hearth.runner.protocol import ContextParams
+
+    return {"model": path, "embedding_model": "", "n_gpu_layers": -1, "use_mmap": True,
+            "verbose": verbose, "context": asdict(ContextParams(n_ctx=2048, n_seq_max=2)),
+            "embed_batch": 2048, "skip": []}
+
+
 def _runner(path: str) -> None:
     """The worker's own load (hearth.runner.serve.Runner.load) in this process, its channels a
     socket pair whose far ends a thread drains."""
     import socket
-    from dataclasses import asdict
     from multiprocessing.connection import Connection
 
-    from hearth.runner.protocol import AbortFlag, ContextParams
+    from hearth.runner.protocol import AbortFlag
     from hearth.runner.serve import Runner
 
     pairs = [socket.socketpair() for _ in range(2)]
@@ -96,9 +107,7 @@ def _runner(path: str) -> None:
                 return
 
     threading.Thread(target=drain, daemon=True).start()
-    cfg = {"model": path, "embedding_model": "", "n_gpu_layers": -1, "use_mmap": True,
-           "verbose": True, "context": asdict(ContextParams(n_ctx=2048, n_seq_max=2)),
-           "embed_batch": 2048, "skip": [], "abort_path": AbortFlag().path}
+    cfg = {**_worker_cfg(path, verbose=True), "abort_path": AbortFlag().path}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     Runner(ours[0], ours[1], cfg).load()
 
@@ -106,17 +115,12 @@ def _runner(path: str) -> None:
 def _worker(path: str, verbose: bool = False, wrapper: str = "", thread: bool = False) -> None:
     """The model worker as the server starts it (its own process, two socket channels, stderr
     read into the log), optionally under a wrapper command (a debugger) or from a thread."""
-    from dataclasses import asdict
-
     from hearth.fleet.process import WRAPPER_ENV, WorkerProcess
-    from hearth.runner.protocol import ContextParams
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     if wrapper:
         os.environ[WRAPPER_ENV] = wrapper
-    cfg = {"model": path, "embedding_model": "", "n_gpu_layers": -1, "use_mmap": True,
-           "verbose": verbose, "context": asdict(ContextParams(n_ctx=2048, n_seq_max=2)),
-           "embed_batch": 2048, "skip": []}
+    cfg = _worker_cfg(path, verbose)
     failed: list[BaseException] = []
 
     def start() -> None:

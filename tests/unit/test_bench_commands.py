@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from commands import no_answer, summary
+from commands import GUIDANCE_END, _words, no_answer, summary
 
 
 def _turn(text: str, said: str, mode: str = "model", local: bool = False) -> dict:
@@ -28,6 +29,14 @@ def _turn(text: str, said: str, mode: str = "model", local: bool = False) -> dic
 ])
 def test_no_answer(said: str, nothing: bool) -> None:
     assert no_answer(_turn("Is the kitchen light on?", said)) is nothing
+
+
+def test_the_guidance_sentence_is_the_agents_own() -> None:
+    """The benchmark scores without importing Home Assistant; its copy of the agent's last
+    guidance sentence must not drift from the integration's."""
+    from custom_components.hearth.call_hint import ACT_ALONE
+
+    assert _words(ACT_ALONE) == GUIDANCE_END
 
 
 def test_summary_counts_the_answers_that_said_nothing() -> None:
