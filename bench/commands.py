@@ -198,13 +198,18 @@ def _words(text: str) -> str:
 
 
 GUIDANCE_END = _words("To act, answer with the tool call alone, not with an explanation of it.")
+# What the agent says itself when the model's answer had no words (English).
+_AGENT_STRINGS = json.loads((ROOT / "custom_components/hearth/strings.json").read_text())
+NO_WORDS = {_words(_AGENT_STRINGS["exceptions"][key]["message"])
+            for key in ("no_answer", "tools_unanswered")}
 
 
 def no_answer(result: dict[str, Any]) -> bool:
     """Whether the turn's last words say nothing: a tool call described in words, the user's
-    words or the agent guidance's last sentence repeated, or markup alone."""
+    words or the agent guidance's last sentence repeated, markup alone, or the agent's own
+    words for an answer that had none ("The model used its tools but gave no answer.")."""
     said = result.get("speech") or ""
-    return (_words(said) in (_words(result["text"]), GUIDANCE_END)
+    return (_words(said) in (_words(result["text"]), GUIDANCE_END, *NO_WORDS)
             or bool(re.search(r"intent__|\bHass[A-Z]\w+|GetLiveContext", said))
             or said.strip().startswith("<"))
 

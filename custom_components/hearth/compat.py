@@ -64,6 +64,20 @@ def tool_result_message(content: Any) -> dict[str, Any]:
     return {"data": tool_result_data(content), "error": bool(getattr(result, "error", False))}
 
 
+def tool_error_delta(call: llm.ToolInput, data: dict[str, Any]) -> Any:
+    """A chat-log delta that answers an external ``call`` with the error ``data``: an
+    ``llm.ToolResult`` in ``result`` where the release has one, else the plain ``tool_result``
+    (a ``ToolResultContentDeltaDict`` of either kind, so typed loosely)."""
+    delta: dict[str, Any] = {
+        "role": "tool_result", "tool_call_id": call.id, "tool_name": call.tool_name}
+    result_type: Any = getattr(llm, "ToolResult", None)
+    if result_type is None:
+        delta["tool_result"] = data
+    else:
+        delta["result"] = result_type(data=data, error=True)
+    return delta
+
+
 # A device's parent is named by its registry id (`via_device_id`) since 2026.10; before, by its
 # identifier (`via_device`, deprecated since). Device info is a TypedDict, a dataclass in 2026.11.
 # The checker sees one release's kind, so both are handled through Any.

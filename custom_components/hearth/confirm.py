@@ -11,6 +11,7 @@ responses) goes back to the model as before."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 from home_assistant_intents import get_intents
@@ -22,6 +23,7 @@ from homeassistant.helpers.translation import async_get_exception_message
 
 from .compat import tool_result_data
 from .const import DOMAIN, LOGGER
+from .questions import NOT_DONE
 
 _RESPONSES: dict[str, dict[str, dict[str, str]]] = {}  # language -> intent -> key -> template
 
@@ -116,17 +118,28 @@ def _call_key(call: Any) -> str:
     return f"{call.tool_name}:{json.dumps(call.tool_args, sort_keys=True, default=str)}"
 
 
-def repeats_earlier_calls(chat_log: conversation.ChatLog) -> bool:
+def repeats_earlier_calls(chat_log: conversation.ChatLog, reads: Collection[str] = ()) -> bool:
     """Whether the model's last round of calls only repeats calls it already made in this
     turn: a small model retries a call that failed (or that worked) until the round limit
-    (the 0.5B for 13-22 s, then Home Assistant said "Unable to get response")."""
+    (the 0.5B for 13-22 s, then Home Assistant said "Unable to get response").
+
+    A first such round of tools that only read (``reads``) is let through, to be answered:
+    the 1.5B, having read the live context for a question, read it again in 2 of 6 questions
+    and was cut off there; shown the result twice, it answered in 6 of 10 replays, and most
+    of the rest only repeated the question, which is asked again (:mod:`.described_call`)."""
     rounds: list[set[str]] = []
+    names: list[set[str]] = []
     for content in reversed(chat_log.content):
         if isinstance(content, conversation.UserContent):
             break
         if isinstance(content, conversation.AssistantContent) and content.tool_calls:
             rounds.append({_call_key(call) for call in content.tool_calls})
-    return len(rounds) > 1 and rounds[0] <= set().union(*rounds[1:])
+            names.append({call.tool_name for call in content.tool_calls})
+    repeated = [i for i in range(len(rounds) - 1)
+                if rounds[i] <= set().union(*rounds[i + 1:])]
+    if not repeated or repeated[0] != 0:
+        return False
+    return len(repeated) > 1 or not names[0] <= set(reads)
 
 
 def unanswered_outcome(chat_log: conversation.ChatLog) -> str:
@@ -138,6 +151,8 @@ def unanswered_outcome(chat_log: conversation.ChatLog) -> str:
         if not isinstance(content, conversation.ToolResultContent):
             break
         data = tool_result_data(content)
+        if isinstance(data, dict) and data.get("error") == NOT_DONE:
+            continue  # the agent's own refusal (:mod:`.questions`): not the tool's failure
         if isinstance(data, dict) and (text := data.get("error_text") or data.get("error")):
             failed = True
             if not str(text).startswith("<"):  # 2026.2 words a failed match as its repr

@@ -55,6 +55,7 @@ from .messages import (
     trim_history,
     without_confirmations,
 )
+from .questions import changes_home, is_plain_question, reads
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -236,6 +237,11 @@ class HearthBaseLLMEntity(Entity):
         asked = next((c.content for c in reversed(chat_log.content)
                       if isinstance(c, conversation.UserContent)), "")
         repair = call_repair(chat_log.llm_api, body.get("tools") or [], exposed, asked)
+        tools = chat_log.llm_api.tools if chat_log.llm_api else []
+        reading = {tool.name for tool in tools if reads(tool)}
+        # A question is answered, never acted on (:mod:`.questions`).
+        refuse = {tool.name for tool in tools if changes_home(tool)} if is_plain_question(
+            asked) else set()
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
@@ -277,7 +283,7 @@ class HearthBaseLLMEntity(Entity):
                     [
                         convert_content(content)
                         async for content in chat_log.async_add_delta_content_stream(
-                            self.entity_id, transform_stream(stream, repair, rescue)
+                            self.entity_id, transform_stream(stream, repair, rescue, refuse)
                         )
                     ]
                 )
@@ -301,7 +307,7 @@ class HearthBaseLLMEntity(Entity):
                     conversation.AssistantContent(agent_id=self.entity_id, content=said)
                 )
                 break
-            if repeats_earlier_calls(chat_log):
+            if repeats_earlier_calls(chat_log, reading):
                 break  # it would only retry them until the round limit
         said = None
         if chat_log.unresponded_tool_results:  # no answer of the model's: say what happened

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -12,9 +12,16 @@ from homeassistant.helpers import llm
 from homeassistant.helpers.json import json_dumps
 from homeassistant.util import slugify
 
-from .compat import schema_to_openapi, tool_result_data, tool_result_message, vol
+from .compat import (
+    schema_to_openapi,
+    tool_error_delta,
+    tool_result_data,
+    tool_result_message,
+    vol,
+)
 from .const import LOGGER
 from .described_call import HeldSentences, Rescue
+from .questions import refusal
 
 
 def _strict_schema(schema: dict[str, Any]) -> None:
@@ -121,13 +128,18 @@ async def transform_stream(
     chunks: AsyncIterator[dict[str, Any]],
     repair: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
     rescue: Rescue | None = None,
-) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
+    refuse: Collection[str] = (),
+) -> AsyncGenerator[
+    conversation.AssistantContentDeltaDict | conversation.ToolResultContentDeltaDict
+]:
     """Turn OpenAI chat-completion chunks into chat-log deltas.
 
     Text is passed on as it arrives (so a voice pipeline can start speaking), or with
     ``rescue`` a sentence at a time, an answer that is no answer held back and asked again
     (:mod:`.described_call`); tool calls are assembled from their fragments and handed over
     when the stream ends, their arguments through ``repair`` (tool name, arguments) where given.
+    A call of a tool in ``refuse`` is not run: it is answered with :func:`.questions.refusal`
+    (a question asked, :mod:`.questions`).
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
@@ -152,7 +164,13 @@ async def transform_stream(
         elif held.named:  # it described a call and made one: nothing of it is lost
             yield {"content": held.held}
     if tool_calls := _tool_inputs(calls, repair):
+        refused = [call for call in tool_calls if call.tool_name in refuse]
+        for call in refused:
+            call.external = True  # Home Assistant leaves it to this stream to answer
         yield {"tool_calls": tool_calls}
+        for call in refused:
+            LOGGER.info("Not running %s: the user asked a question", call.tool_name)
+            yield tool_error_delta(call, refusal())
 
 
 async def _deltas(

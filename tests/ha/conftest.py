@@ -47,6 +47,7 @@ from .fake_hearth import (  # noqa: E402, F401
     API_KEY,
     SHADOW_DESCRIPTION,
     FakeHearth,
+    call_chunks,
     text_chunks,
     tool_call_script,
     turn_on_tool,

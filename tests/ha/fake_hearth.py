@@ -387,18 +387,25 @@ def tool_call_script(
     tool_name = turn_on_tool(body)
     if tool_name is None:
         return text_chunks("I cannot control devices.")
-    arguments = json.dumps(call or {"name": "Kitchen light"})
-    half = len(arguments) // 2
+    return call_chunks((tool_name, call or {"name": "Kitchen light"}))
+
+
+def call_chunks(*calls: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A streamed answer that calls each (tool, arguments), the arguments in two pieces."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    return [
-        chunk({"role": "assistant"}),
-        chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                               "function": {"name": tool_name, "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
-        chunk({}, "tool_calls"),
-    ]
+    chunks = [chunk({"role": "assistant"})]
+    for index, (name, args) in enumerate(calls):
+        arguments = json.dumps(args)
+        half = len(arguments) // 2
+        chunks += [
+            chunk({"tool_calls": [{"index": index, "id": f"call_{index + 1}",
+                                   "type": "function",
+                                   "function": {"name": name, "arguments": ""}}]}),
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[:half]}}]}),
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]}),
+        ]
+    return [*chunks, chunk({}, "tool_calls")]

@@ -24,6 +24,8 @@ def _turn(text: str, said: str, mode: str = "model", local: bool = False) -> dic
     ("To act, answer with the tool call alone, not with an explanation of it.", True),
     ("To turn it on, use the `intent__HassTurnOn` function.", True),
     ("<tools></tools>", True),
+    ("The model used its tools but gave no answer.", True),
+    ("The model gave no answer.", True),
     ("The kitchen light is off.", False),
     ("", False),
 ])

@@ -1,0 +1,76 @@
+"""A question about the home is answered, never acted on.
+
+Asked "Is the porch light on?", the 1.5B read the home and then turned the light off, in 2 of
+4 benchmark runs (issue 30): it had seen commands answered by calls, and a question that names a
+device looks like one. Home Assistant runs whatever the model calls, so the agent refuses such a
+call itself: the model is told, as the call's result, that nothing was changed because the user
+asked a question, and answers in words next.
+
+Only a plain question counts: every sentence of the request opens with a question word ("is",
+"which", "what's"...) and none names an action ("turn", "set", "open"...). "Could you turn on
+the lamp?" is a request and "Is the porch light on? If so turn it off." asks for an action:
+neither is guarded. Only Assist's intents that change something are refused (``HassTurnOff``,
+``HassLightSet``...); the ones that read (``HassGetState``, ``HassTimerStatus``), the live
+context and any other API's tools run as asked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# What a plain question opens with, after a filler word or two ("so, is ...", "hey, which ...").
+_OPENING = re.compile(
+    r"^(?:(?:hey|so|ok|okay|and|but|well|um|uh|now|then)\b[\s,]*)*"
+    r"(?:is|isn't|are|aren't|was|wasn't|were|which|what|what's|whats|where|where's|who|"
+    r"who's|when|how|how's|does|doesn't|do|don't|did|didn't|has|have)\b",
+    re.IGNORECASE,
+)
+# Words that ask for an action: a request phrased as a question ("do you mind turning on..."),
+# or a question with a command beside it, is not a plain question.
+_ACTION = re.compile(
+    r"\b(?:turn|turning|switch|switching|set|setting|dim|brighten|open|opening|close|closing|"
+    r"lock|unlock|start|stop|pause|play|resume|toggle|raise|lower|increase|decrease|activate|"
+    r"run|change|put|make|cancel|add|remove|mute|unmute|arm|disarm|mind)\b",
+    re.IGNORECASE,
+)
+_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
+# Tools that only read, by name: Assist's (``HassGetState``, ``HassTimerStatus``), the live
+# context (``GetLiveContext``) and the date (``GetDateTime``).
+_READS = re.compile(r"Get|Status|LastItems")
+_NO_EFFECT = frozenset({"HassNevermind", "HassRespond"})
+NOT_DONE = "NotDone"  # the error a refused call's result carries
+
+REFUSED = (
+    "Nothing was done: the user asked a question and did not ask to change anything. "
+    "Answer the question in words, from what you have read."
+)
+
+
+def is_plain_question(text: str) -> bool:
+    """Whether ``text`` only asks about something: every sentence opens with a question word
+    and none asks for an action."""
+    sentences = [s.strip() for s in _SENTENCE.findall(text) if s.strip(" \t\n,;")]
+    return bool(sentences) and not _ACTION.search(text) and all(
+        _OPENING.match(s) for s in sentences
+    )
+
+
+def reads(tool: Any) -> bool:
+    """Whether an LLM tool only reads: Home Assistant marks it read-only (annotations, since
+    2026.10) or its name says so, under any prefix (``homeassistant__GetLiveContext``)."""
+    annotations = getattr(tool, "annotations", None)
+    return bool(getattr(annotations, "read_only", False)
+                or _READS.search(str(tool.name).rpartition("__")[2]))
+
+
+def changes_home(tool: Any) -> bool:
+    """Whether an LLM tool is one of Assist's intents that changes something (under any
+    prefix: ``intent__HassTurnOff``, ``light__HassLightSet``)."""
+    name = str(tool.name).rpartition("__")[2]
+    return name.startswith("Hass") and name not in _NO_EFFECT and not reads(tool)
+
+
+def refusal() -> dict[str, Any]:
+    """The result a refused call gets, worded as Home Assistant words a tool's error."""
+    return {"error": NOT_DONE, "error_text": REFUSED}
