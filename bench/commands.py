@@ -164,6 +164,7 @@ class Bench:
             passed = error is None and all(matches(expected[k], after[k]) for k in after)
             results.append({"mode": mode, "id": case["id"], "kind": case["kind"],
                             "text": case["text"], "passed": passed, "local": turn["local"],
+                            "answer_ok": answered_right(case.get("answer"), turn["speech"]),
                             "seconds": round(seconds, 3), "speech": turn["speech"][:200],
                             "calls": turn.get("calls", []), "wrote": turn.get("wrote", ""),
                             "server": server,
@@ -214,6 +215,17 @@ def no_answer(result: dict[str, Any]) -> bool:
             or said.strip().startswith("<"))
 
 
+def answered_right(answer: dict[str, str] | None, said: str) -> bool | None:
+    """Whether a question's spoken answer says what its case's ``answer`` wants (None: the
+    case checks no answer)."""
+    if not answer:
+        return None
+    if said.lstrip().casefold().startswith("live context"):
+        return False  # the tool's result read out, not an answer
+    return bool(re.search(answer["says"], said, re.I)) and not (
+        "not" in answer and re.search(answer["not"], said, re.I))
+
+
 def summary(results: list[dict[str, Any]], model: str, busy: int,
             server_args: list[str] | None = None) -> str:
     kinds = list(dict.fromkeys(r["kind"] for r in results))
@@ -246,6 +258,15 @@ def summary(results: list[dict[str, Any]], model: str, busy: int,
         for mode, n in answered.items())]
     lines += [f"- [{r['mode']}] {r['id']} {r['text']!r}: said {r['speech'][:80]!r}"
               for r in said_nothing]
+    # The lights cannot tell a wrong answer to a question ("72 degrees" unread): its words can.
+    checked = [r for r in results if r.get("answer_ok") is not None]
+    if checked:
+        lines += ["", "Questions answered right: " + ", ".join(
+            f"{mode} {sum(r['answer_ok'] for r in checked if r['mode'] == mode)} of "
+            f"{sum(r['mode'] == mode for r in checked)}"
+            for mode in dict.fromkeys(r["mode"] for r in checked))]
+        lines += [f"- [{r['mode']}] {r['id']} {r['text']!r}: said {r['speech'][:100]!r}"
+                  for r in checked if not r["answer_ok"]]
     failed = [r for r in results if not r["passed"]]
     if failed:  # what the model did and said where a case failed, to read beside the table
         lines += ["", "Failed cases:", ""]

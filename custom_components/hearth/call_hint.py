@@ -42,7 +42,7 @@ def _example(tool: str, args: dict[str, Any]) -> str:
     return json.dumps({"name": tool, "arguments": args}, ensure_ascii=False)
 
 
-def _offered(llm_api: llm.APIInstance, base_name: str) -> str | None:
+def offered_tool(llm_api: llm.APIInstance, base_name: str) -> str | None:
     """The name under which ``llm_api`` offers the tool named ``base_name`` (its intent, or
     its name with or without its API's prefix: :func:`tool_kind`)."""
     want = base_name.casefold()
@@ -72,20 +72,29 @@ def call_examples(llm_api: llm.APIInstance, exposed: dict[str, dict[str, Any]]) 
     turned on every light.
     Without the brightness example, "set … to 60%" became HassTurnOn more often, and its
     tool's name took the on/off examples' prefix (``intent__HassLightSet``)."""
-    off, light = _offered(llm_api, "HassTurnOff"), _first_light(exposed)
+    off, light = offered_tool(llm_api, "HassTurnOff"), _first_light(exposed)
     if off is None or light is None:
         return f"{ALL_IN_WORDS} {QUESTION_IN_WORDS}"
     said = light.casefold()
     text = f'For one device, name it: "turn off the {said}" is ' + _example(
         off, {"name": light, "domain": ["light"]})
-    if (dim := _offered(llm_api, "HassLightSet")) is not None:
+    if (dim := offered_tool(llm_api, "HassLightSet")) is not None:
         text += f', and "set the {said} to 50%" is ' + _example(
             dim, {"name": light, "brightness": 50})
     text += ('. For all the lights, or everything, give their domain alone, without a name or '
              'area: "turn off all the lights" is ' + _example(off, {"domain": ["light"]}) + ".")
-    if (live := _offered(llm_api, "GetLiveContext")) is None:
+    if (live := offered_tool(llm_api, "GetLiveContext")) is None:
         return f"{text} {QUESTION_IN_WORDS}"
-    return f'{text} A question changes nothing: "is the {said} on?" is {_example(live, {})}.'
+    return f'{text} A question changes nothing: "{example_question(exposed)}" is ' + (
+        f"{_example(live, {})}.")
+
+
+def example_question(exposed: dict[str, dict[str, Any]]) -> str | None:
+    """The question the examples show answered by reading the home, on the first light: an
+    answer that only repeats it says nothing (the 1.5B, asked "are any lights on in the
+    kitchen?", answered "Is the kitchen light on?")."""
+    light = _first_light(exposed)
+    return None if light is None else f"is the {light.casefold()} on?"
 
 
 def call_hint(llm_api: llm.APIInstance, exposed: dict[str, dict[str, Any]]) -> str:

@@ -16,7 +16,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from .api import HearthError, InvalidAuth
 from .attachments import async_add_attachments
-from .call_hint import ACT_ALONE, with_call_hint
+from .call_hint import ACT_ALONE, example_question, with_call_hint
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
 from .confirm import (
     action_confirmation,
@@ -55,7 +55,7 @@ from .messages import (
     trim_history,
     without_confirmations,
 )
-from .questions import changes_home, is_plain_question, reads
+from .questions import changes_home, is_plain_question, read_first, reads
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -242,6 +242,7 @@ class HearthBaseLLMEntity(Entity):
         # A question is answered, never acted on (:mod:`.questions`).
         refuse = {tool.name for tool in tools if changes_home(tool)} if is_plain_question(
             asked) else set()
+        first_choice = read_first(self.hass, chat_log.llm_api, exposed, asked)
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
@@ -272,13 +273,14 @@ class HearthBaseLLMEntity(Entity):
                         {**body, "messages": messages, "tool_choice": tool_choice},
                         request_class,
                     ),
-                    echoes=(asked, ACT_ALONE),
+                    echoes=(asked, ACT_ALONE, example_question(exposed) or ""),
                     described=iteration == 0,
                 )
+            request = {**body, "messages": messages}
+            if iteration == 0 and first_choice:
+                request["tool_choice"] = first_choice
             try:
-                stream = data.client.async_chat_stream(
-                    {**body, "messages": messages}, request_class
-                )
+                stream = data.client.async_chat_stream(request, request_class)
                 messages.extend(
                     [
                         convert_content(content)

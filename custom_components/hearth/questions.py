@@ -1,10 +1,13 @@
-"""A question about the home is answered, never acted on.
+"""A question about the home is answered from what is read, never acted on.
 
 Asked "Is the porch light on?", the 1.5B read the home and then turned the light off, in 2 of
 4 benchmark runs (issue 30): it had seen commands answered by calls, and a question that names a
 device looks like one. Home Assistant runs whatever the model calls, so the agent refuses such a
 call itself: the model is told, as the call's result, that nothing was changed because the user
-asked a question, and answers in words next.
+asked a question, and answers in words next. Asked about the home without reading it first, the
+same model made answers up ("72 degrees Fahrenheit", "Yes, the kitchen light is on" of a light
+that was off), so a question that names something of the home has its first answer read the
+live context (``tool_choice`` names that tool; the prompt is the same, and cached).
 
 Only a plain question counts: every sentence of the request opens with a question word ("is",
 "which", "what's"...) and none names an action ("turn", "set", "open"...). "Could you turn on
@@ -17,7 +20,14 @@ context and any other API's tools run as asked.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
+
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import llm
+
+from .call_hint import offered_tool
+from .compat import exposed_kinds, exposed_names
 
 # What a plain question opens with, after a filler word or two ("so, is ...", "hey, which ...").
 _OPENING = re.compile(
@@ -56,6 +66,25 @@ def is_plain_question(text: str) -> bool:
     )
 
 
+_WORD = re.compile(r"[^\W\d_]{3,}")
+_NOT_NAMES = frozenset({"the", "and", "for", "with", "all", "any", "main"})
+
+
+def home_words(names: Iterable[str]) -> frozenset[str]:
+    """The words that name something of the home: those of the exposed entities' names and
+    areas, their domains and device classes (``light``, ``temperature``), lower case."""
+    return frozenset(
+        word for name in names for word in _WORD.findall(name.replace("_", " ").casefold())
+    ) - _NOT_NAMES
+
+
+def asks_about_home(text: str, words: frozenset[str]) -> bool:
+    """Whether ``text`` names something of the home (a word of ``words``, or its plural): a
+    question about it is answered from the live context, read first."""
+    return any(word in words or word.removesuffix("s") in words
+               for word in _WORD.findall(text.casefold()))
+
+
 def reads(tool: Any) -> bool:
     """Whether an LLM tool only reads: Home Assistant marks it read-only (annotations, since
     2026.10) or its name says so, under any prefix (``homeassistant__GetLiveContext``)."""
@@ -74,3 +103,20 @@ def changes_home(tool: Any) -> bool:
 def refusal() -> dict[str, Any]:
     """The result a refused call gets, worded as Home Assistant words a tool's error."""
     return {"error": NOT_DONE, "error_text": REFUSED}
+
+
+def read_first(
+    hass: HomeAssistant, llm_api: llm.APIInstance | None, exposed: dict[str, dict[str, Any]],
+    asked: str,
+) -> dict[str, Any] | None:
+    """The ``tool_choice`` of a turn's first answer that reads the live context, for a plain
+    question about the home; None for anything else."""
+    if llm_api is None or not is_plain_question(asked):
+        return None
+    if (live := offered_tool(llm_api, "GetLiveContext")) is None:
+        return None
+    names, areas = exposed_names(exposed)
+    domains, classes = exposed_kinds(hass, exposed)
+    if not asks_about_home(asked, home_words([*names, *areas, *domains, *classes])):
+        return None
+    return {"type": "function", "function": {"name": live}}

@@ -184,10 +184,10 @@ async def test_an_answer_repeating_the_question_is_asked_again(
 ) -> None:
     """An answer that only repeats the user's question is not said; asked again as it was, the
     model's second answer is."""
-    answers = iter(["Is the kitchen light on?", "The kitchen light is off."])
+    answers = iter(["What can you do?", "I can turn lights on and off."])
     said = await _converse(hass, fake_hearth, lambda body: text_chunks(next(answers)),
-                           "Is the kitchen light on?")
-    assert said == "The kitchen light is off."
+                           "What can you do?")
+    assert said == "I can turn lights on and off."
     bodies = [b for _, b in fake_hearth.chat_requests]
     assert [b["tool_choice"] for b in bodies] == ["auto", "auto"]
     assert bodies[1]["messages"] == bodies[0]["messages"]

@@ -11,6 +11,7 @@ from homeassistant.const import STATE_OFF, STATE_ON
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import llm
 
+from custom_components.hearth.call_hint import example_question
 from custom_components.hearth.questions import REFUSED, changes_home, is_plain_question
 
 from .conftest import (
@@ -184,3 +185,46 @@ async def test_an_action_asked_again_after_its_refusal_ends_the_turn(
     assert hass.states.get(kitchen_light).state == STATE_OFF
     assert len(fake_hearth.chat_requests) == 2
     assert said == "The model used its tools but gave no answer."
+
+
+@pytest.mark.parametrize(("text", "reads_first"), [
+    ("Is the kitchen light on?", True),  # its name
+    ("Are any lights on?", True),  # its domain, plural
+    ("What can you do for me?", False),  # nothing of the home
+    ("Turn on the kitchen light.", False),  # not a question
+])
+async def test_a_question_about_the_home_reads_it_first(
+    hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
+    text: str, reads_first: bool,
+) -> None:
+    """A model that would answer from nothing ("Yes, it is on."): asked about the home, its
+    first answer must call the live context, and it answers from what that read."""
+
+    def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
+        choice = body["tool_choice"]
+        if isinstance(choice, dict):
+            return call_chunks((choice["function"]["name"], {}))
+        if body["messages"][-1]["role"] == "tool":
+            return text_chunks("It is off." if "'off'" in body["messages"][-1]["content"]
+                               else "It is on.")
+        return text_chunks("Yes, it is on.")
+
+    said = await _ask(hass, fake_hearth, handler, text)
+    bodies = [body for _, body in fake_hearth.chat_requests]
+    if reads_first:
+        assert bodies[0]["tool_choice"] == {
+            "type": "function", "function": {"name": _live_context(bodies[0])}}
+        assert [b["tool_choice"] for b in bodies[1:]] == ["auto"]
+        assert bodies[1]["messages"][: len(bodies[0]["messages"])] == bodies[0]["messages"]
+        assert said == "It is off."
+    else:
+        assert [b["tool_choice"] for b in bodies] == ["auto"]
+        assert said == "Yes, it is on."
+
+
+def test_the_examples_question_is_an_echo() -> None:
+    """The guidance's example question, repeated as an answer to another, says nothing."""
+    exposed = {"light.porch": {"names": "Porch light"}, "light.kitchen": {"names": "Kitchen light"},
+               "sensor.t": {"names": "Attic temperature"}}
+    assert example_question(exposed) == "is the kitchen light on?"
+    assert example_question({"sensor.t": {"names": "Attic temperature"}}) is None

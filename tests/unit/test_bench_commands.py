@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from commands import GUIDANCE_END, _words, no_answer, summary
+import yaml
+from commands import CASES, GUIDANCE_END, _words, answered_right, no_answer, summary
 
 
 def _turn(text: str, said: str, mode: str = "model", local: bool = False) -> dict:
@@ -49,3 +50,42 @@ def test_summary_counts_the_answers_that_said_nothing() -> None:
     text = summary(results, "m", 0)
     assert "Model answers that said nothing: model 1 of 2, local 0 of 1" in text
     assert "- [model] q-1 'Is the kitchen light on?': said 'Is the kitchen light on?'" in text
+    assert "Questions answered right" not in text  # none of these turns checks its answer
+
+
+def test_summary_counts_the_questions_answered_right() -> None:
+    results = [{**_turn("Is the porch light on?", said), "answer_ok": ok}
+               for said, ok in (("It is on.", True), ("It is off.", False))]
+    text = summary([*results, _turn("Turn on the kitchen light.", "Done.")], "m", 0)
+    assert "Questions answered right: model 1 of 2" in text
+    assert "- [model] q-1 'Is the porch light on?': said 'It is off.'" in text
+
+
+def _answer(case_id: str) -> dict:
+    return next(c["answer"] for c in yaml.safe_load(CASES.read_text())["cases"]
+                if c["id"] == case_id)
+
+
+@pytest.mark.parametrize(("case_id", "said", "right"), [
+    ("q-1", "The porch light is on.", True),
+    ("q-1", "Yes, it is.", True),
+    ("q-1", "The porch light is off.", False),
+    ("q-1", "No, the porch light is not on.", False),
+    ("q-2", "The temperature in the living room is 21.5 °C.", True),
+    ("q-2", "The living room temperature is 22 degrees.", False),
+    ("q-6", "Yes, it is warm in the living room. The temperature is 21.5°C.", True),
+    ("q-6", "The current temperature in the Living Room is 72 degrees Fahrenheit.", False),
+    ("q-6", "It is 21.5 degrees Celsius in the living room.", True),
+    ("q-6", "It is 23 degrees in the living room.", False),
+    ("q-7", "Yes, the kitchen light is on.", False),
+    ("q-7", "No, the kitchen light is off.", True),
+    ("q-7", "Live Context: An overview of the areas and the devices in this smart home:\n"
+            "- names: Kitchen light\n  domain: light\n  state: 'off'", False),
+    ("q-7", "The kitchen light isn't on.", True),
+    ("q-3", "The kitchen light is on.", True),
+    ("q-3", "The kitchen light and the porch light are on.", False),
+    ("fu-3a", "The kitchen light is off.", True),
+])
+def test_answers_to_questions(case_id: str, said: str, right: bool) -> None:
+    assert answered_right(_answer(case_id), said) is right
+    assert answered_right(None, said) is None
