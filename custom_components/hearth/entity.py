@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from homeassistant.components import conversation
@@ -55,7 +55,7 @@ from .messages import (
     trim_history,
     without_confirmations,
 )
-from .questions import changes_home, is_plain_question, read_first, reads
+from .questions import QuestionTurn
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -237,12 +237,8 @@ class HearthBaseLLMEntity(Entity):
         asked = next((c.content for c in reversed(chat_log.content)
                       if isinstance(c, conversation.UserContent)), "")
         repair = call_repair(chat_log.llm_api, body.get("tools") or [], exposed, asked)
-        tools = chat_log.llm_api.tools if chat_log.llm_api else []
-        reading = {tool.name for tool in tools if reads(tool)}
-        # A question is answered, never acted on (:mod:`.questions`).
-        refuse = {tool.name for tool in tools if changes_home(tool)} if is_plain_question(
-            asked) else set()
-        first_choice = read_first(self.hass, chat_log.llm_api, exposed, asked)
+        # A question is answered from what is read, never acted on (:mod:`.questions`).
+        question = QuestionTurn.of(self.hass, chat_log.llm_api, exposed, asked)
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
@@ -262,30 +258,37 @@ class HearthBaseLLMEntity(Entity):
             offered_call_names(paired_tool_messages(messages), offered), max_history
         )
 
+        if question.read_first:
+            messages.extend(await self._read_live_context(chat_log, question.read_first))
         for iteration in range(MAX_TOOL_ITERATIONS):
+            request = question.request(
+                {**body, "messages": messages}, bool(iteration or question.read_first))
             # An answer that is no answer is asked again (:mod:`.described_call`): a described
             # call only in a turn's first answer, as later ones follow tool results.
             rescue = None
             if offered and structure is None:
+
+                def ask(tool_choice: str | dict[str, Any], sent: dict[str, Any] = request
+                        ) -> AsyncIterator[dict[str, Any]]:
+                    return data.client.async_chat_stream(
+                        {**sent, "tool_choice": tool_choice}, request_class)
+
                 rescue = Rescue(
                     offered,
-                    lambda tool_choice: data.client.async_chat_stream(
-                        {**body, "messages": messages, "tool_choice": tool_choice},
-                        request_class,
-                    ),
+                    ask,
                     echoes=(asked, ACT_ALONE, example_question(exposed) or ""),
-                    described=iteration == 0,
+                    described=iteration == 0 and not question.read_first,
                 )
-            request = {**body, "messages": messages}
-            if iteration == 0 and first_choice:
-                request["tool_choice"] = first_choice
             try:
-                stream = data.client.async_chat_stream(request, request_class)
+                stream = transform_stream(
+                    data.client.async_chat_stream(request, request_class),
+                    repair, rescue, question.refuse,
+                )
                 messages.extend(
                     [
                         convert_content(content)
                         async for content in chat_log.async_add_delta_content_stream(
-                            self.entity_id, transform_stream(stream, repair, rescue, refuse)
+                            self.entity_id, stream
                         )
                     ]
                 )
@@ -309,7 +312,7 @@ class HearthBaseLLMEntity(Entity):
                     conversation.AssistantContent(agent_id=self.entity_id, content=said)
                 )
                 break
-            if repeats_earlier_calls(chat_log, reading):
+            if repeats_earlier_calls(chat_log, question.reading):
                 break  # it would only retry them until the round limit
         said = None
         if chat_log.unresponded_tool_results:  # no answer of the model's: say what happened
@@ -320,3 +323,13 @@ class HearthBaseLLMEntity(Entity):
             chat_log.async_add_assistant_content_without_tools(
                 conversation.AssistantContent(agent_id=self.entity_id, content=said)
             )
+
+    async def _read_live_context(
+        self, chat_log: conversation.ChatLog, tool: str
+    ) -> list[dict[str, Any]]:
+        """Read the whole live context for a question, as a call of the agent's own: the
+        model answers from it (:mod:`.questions`). The call and its result as messages."""
+        content = conversation.AssistantContent(
+            agent_id=self.entity_id, tool_calls=[llm.ToolInput(tool_name=tool, tool_args={})])
+        results = [result async for result in chat_log.async_add_assistant_content(content)]
+        return [convert_content(content), *map(convert_content, results)]

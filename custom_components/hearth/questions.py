@@ -6,8 +6,10 @@ device looks like one. Home Assistant runs whatever the model calls, so the agen
 call itself: the model is told, as the call's result, that nothing was changed because the user
 asked a question, and answers in words next. Asked about the home without reading it first, the
 same model made answers up ("72 degrees Fahrenheit", "Yes, the kitchen light is on" of a light
-that was off), so a question that names something of the home has its first answer read the
-live context (``tool_choice`` names that tool; the prompt is the same, and cached).
+that was off), so for a question that names something of the home the agent reads the whole
+live context itself before the model answers (asked to call it, the model filtered it by the
+wrong domain: "light" for a temperature), and every answer after tools ran is asked with the
+question again (:data:`ANSWER_NOW`).
 
 Only a plain question counts: every sentence of the request opens with a question word ("is",
 "which", "what's"...) and none names an action ("turn", "set", "open"...). "Could you turn on
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from homeassistant.core import HomeAssistant
@@ -105,18 +108,48 @@ def refusal() -> dict[str, Any]:
     return {"error": NOT_DONE, "error_text": REFUSED}
 
 
-def read_first(
-    hass: HomeAssistant, llm_api: llm.APIInstance | None, exposed: dict[str, dict[str, Any]],
-    asked: str,
-) -> dict[str, Any] | None:
-    """The ``tool_choice`` of a turn's first answer that reads the live context, for a plain
-    question about the home; None for anything else."""
-    if llm_api is None or not is_plain_question(asked):
-        return None
+# Appended (to the request only) after the tools ran for a plain question: shown the live
+# context, the 1.5B answered a question with a question ("Is the kitchen light on?"), read out
+# the context or acted; asked this after it, it answered right in 33 of 36 replays of three
+# such turns and called nothing (21 of 36 and 5 actions without; temperature 0.7).
+ANSWER_NOW = "Answer my question in one sentence from what you read: "
+
+
+@dataclass(frozen=True)
+class QuestionTurn:
+    """What a turn does for the user's request: nothing unless it is a plain question."""
+
+    reading: frozenset[str] = frozenset()  # the tools that only read (any turn)
+    refuse: frozenset[str] = frozenset()  # the calls not run for it
+    read_first: str | None = None  # the live context's tool, read before the model answers
+    asked: str = ""  # the question, asked again after the tools ran
+
+    @classmethod
+    def of(cls, hass: HomeAssistant, llm_api: llm.APIInstance | None,
+           exposed: dict[str, dict[str, Any]], asked: str) -> QuestionTurn:
+        tools = llm_api.tools if llm_api else []
+        reading = frozenset(tool.name for tool in tools if reads(tool))
+        if llm_api is None or not is_plain_question(asked):
+            return cls(reading)
+        return cls(reading, frozenset(tool.name for tool in tools if changes_home(tool)),
+                   _live_context(hass, llm_api, exposed, asked), asked)
+
+    def request(self, body: dict[str, Any], after_tools: bool) -> dict[str, Any]:
+        """``body`` (with the turn's messages) as it is sent, ``after_tools`` ran."""
+        if not (self.asked and after_tools):
+            return body
+        return {**body, "messages": [
+            *body["messages"], {"role": "user", "content": ANSWER_NOW + self.asked}]}
+
+
+def _live_context(
+    hass: HomeAssistant, llm_api: llm.APIInstance, exposed: dict[str, dict[str, Any]], asked: str,
+) -> str | None:
+    """The live context's tool, for a question that names something of the home; else None."""
     if (live := offered_tool(llm_api, "GetLiveContext")) is None:
         return None
     names, areas = exposed_names(exposed)
     domains, classes = exposed_kinds(hass, exposed)
     if not asks_about_home(asked, home_words([*names, *areas, *domains, *classes])):
         return None
-    return {"type": "function", "function": {"name": live}}
+    return live

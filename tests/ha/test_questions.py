@@ -12,7 +12,7 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import llm
 
 from custom_components.hearth.call_hint import example_question
-from custom_components.hearth.questions import REFUSED, changes_home, is_plain_question
+from custom_components.hearth.questions import ANSWER_NOW, REFUSED, changes_home, is_plain_question
 
 from .conftest import (
     FakeHearth,
@@ -84,14 +84,10 @@ def _live_context(body: dict[str, Any]) -> str:
                 if t["function"]["name"].endswith("GetLiveContext"))
 
 
-def _read_then_act(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The 1.5B's mistake: read the home, then act on what was only asked about; told nothing
-    was done, answer in words."""
-    read = _live_context(body)
-    results = [m for m in body["messages"] if m["role"] == "tool"]
-    if not results:
-        return call_chunks((read, {}))
-    if len(results) == 1:
+def _act_then_answer(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The 1.5B's mistake: having read the home, act on what was only asked about; told
+    nothing was done, answer in words."""
+    if sum(m["role"] == "tool" for m in body["messages"]) < 2:
         return call_chunks((turn_on_tool(body), {"name": "Kitchen light"}))
     return text_chunks("The kitchen light is off.")
 
@@ -108,41 +104,49 @@ async def _ask(hass: HomeAssistant, fake_hearth: FakeHearth, handler: Any, text:
 async def test_a_question_is_answered_not_acted_on(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
-    """The read runs, the action does not: the model reads why as the call's result, with the
-    rest of the turn's messages as they were (the server's cache serves them), and its words
-    are the answer."""
-    said = await _ask(hass, fake_hearth, _read_then_act, "Is the kitchen light on?")
+    """The agent's read runs, the model's action does not: the model reads why as the call's
+    result, with the rest of the turn's messages as they were (the server's cache serves
+    them), and its words are the answer."""
+    said = await _ask(hass, fake_hearth, _act_then_answer, "Is the kitchen light on?")
     assert hass.states.get(kitchen_light).state == STATE_OFF
     assert said == "The kitchen light is off."
     bodies = [body for _, body in fake_hearth.chat_requests]
-    assert len(bodies) == 3
-    last = bodies[2]["messages"]
-    assert bodies[1]["messages"] == last[: len(bodies[1]["messages"])]
+    assert len(bodies) == 2
+    ask_now = {"role": "user", "content": ANSWER_NOW + "Is the kitchen light on?"}
+    assert [b["messages"][-1] for b in bodies] == [ask_now, ask_now]
+    assert bodies[1]["messages"].count(ask_now) == 1  # in the request, never the chat log
+    sent, last = bodies[0]["messages"][:-1], bodies[1]["messages"][:-1]
+    assert sent == last[: len(sent)]  # the turn so far, as cached: only the nudge moves
     assert REFUSED in last[-1]["content"]
     assert last[-2]["tool_calls"][0]["function"]["name"] == turn_on_tool(bodies[0])
-    assert REFUSED not in bodies[1]["messages"][-1]["content"]  # the read's result is its own
+    assert REFUSED not in sent[-1]["content"]  # the read's result is its own
+    assert "Kitchen light" in sent[-1]["content"]
 
 
 async def test_a_request_phrased_as_a_question_acts(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
-    await _ask(hass, fake_hearth, _read_then_act, "Could you turn on the kitchen light?")
+    """Nothing read first, nothing refused, no question asked again."""
+    await _ask(hass, fake_hearth, _act_then_answer, "Could you turn on the kitchen light?")
     assert hass.states.get(kitchen_light).state == STATE_ON
+    assert not any(m["role"] == "tool" for m in fake_hearth.chat_requests[0][1]["messages"])
+    assert all(ANSWER_NOW not in str(body) for _, body in fake_hearth.chat_requests)
 
 
 async def test_only_the_action_of_a_round_is_refused(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
-    """A round that reads and acts at once: the read answers as always, the action is
-    refused, and the model answers from both."""
+    """A round that reads and acts at once (a question naming nothing of the home, so the
+    agent did not read first): the read answers as always, the action is refused, and the
+    model answers from both."""
 
     def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
-        if body["messages"][-1]["role"] == "tool":
+        if any(m["role"] == "tool" for m in body["messages"]):
             return text_chunks("It is off.")
         return call_chunks((_live_context(body), {}),
                            (turn_on_tool(body), {"name": "Kitchen light"}))
 
-    said = await _ask(hass, fake_hearth, handler, "Which lights are on?")
+    said = await _ask(hass, fake_hearth, handler, "Is it on?")
     assert hass.states.get(kitchen_light).state == STATE_OFF
     assert said == "It is off."
     results = [m for m in fake_hearth.chat_requests[-1][1]["messages"] if m["role"] == "tool"]
@@ -152,8 +156,8 @@ async def test_only_the_action_of_a_round_is_refused(
 
 
 @pytest.mark.parametrize(("reads", "said"), [
-    (2, "The kitchen light is off."),  # read again once: then asked for its answer
-    (3, "The model used its tools but gave no answer."),  # again and again: the turn ends
+    (1, "The kitchen light is off."),  # read again once: then asked for its answer
+    (2, "The model used its tools but gave no answer."),  # again and again: the turn ends
 ])
 async def test_reading_again_once_is_answered(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
@@ -163,12 +167,12 @@ async def test_reading_again_once_is_answered(
     more; a second such round ends the turn, as a repeated action's first does."""
 
     def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
-        if sum(m["role"] == "tool" for m in body["messages"]) < reads:
+        if sum(m["role"] == "tool" for m in body["messages"]) <= reads:
             return call_chunks((_live_context(body), {}))
         return text_chunks("The kitchen light is off.")
 
     assert await _ask(hass, fake_hearth, handler, "Is the kitchen light on?") == said
-    assert len(fake_hearth.chat_requests) == min(reads, 2) + 1
+    assert len(fake_hearth.chat_requests) == reads + (reads < 2)
 
 
 async def test_an_action_asked_again_after_its_refusal_ends_the_turn(
@@ -197,28 +201,27 @@ async def test_a_question_about_the_home_reads_it_first(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
     text: str, reads_first: bool,
 ) -> None:
-    """A model that would answer from nothing ("Yes, it is on."): asked about the home, its
-    first answer must call the live context, and it answers from what that read."""
+    """A model that would answer from nothing ("Yes, it is on."): asked about the home, the
+    agent reads the whole live context before the model answers, and asks the question again
+    after it; the model answers from what was read."""
 
     def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
-        choice = body["tool_choice"]
-        if isinstance(choice, dict):
-            return call_chunks((choice["function"]["name"], {}))
-        if body["messages"][-1]["role"] == "tool":
-            return text_chunks("It is off." if "'off'" in body["messages"][-1]["content"]
-                               else "It is on.")
+        if results := [m for m in body["messages"] if m["role"] == "tool"]:
+            return text_chunks("It is off." if "'off'" in results[-1]["content"] else "It is on.")
         return text_chunks("Yes, it is on.")
 
     said = await _ask(hass, fake_hearth, handler, text)
-    bodies = [body for _, body in fake_hearth.chat_requests]
+    (_, body), = fake_hearth.chat_requests
+    assert body["tool_choice"] == "auto"
     if reads_first:
-        assert bodies[0]["tool_choice"] == {
-            "type": "function", "function": {"name": _live_context(bodies[0])}}
-        assert [b["tool_choice"] for b in bodies[1:]] == ["auto"]
-        assert bodies[1]["messages"][: len(bodies[0]["messages"])] == bodies[0]["messages"]
+        call, result, again = body["messages"][-3:]
+        assert call["tool_calls"][0]["function"] == {
+            "name": _live_context(body), "arguments": "{}"}  # whole: no filter to get wrong
+        assert result["role"] == "tool" and "Kitchen light" in result["content"]
+        assert again == {"role": "user", "content": ANSWER_NOW + text}
         assert said == "It is off."
     else:
-        assert [b["tool_choice"] for b in bodies] == ["auto"]
+        assert body["messages"][-1] == {"role": "user", "content": text}
         assert said == "Yes, it is on."
 
 
