@@ -151,7 +151,7 @@ async def transform_stream(
             yield {"content": rest}
         if not calls and (tool_choice := held.retry):
             LOGGER.info("The model's answer %s: asking again",
-                        f"described a call to {held.named}" if held.named else "repeated words")
+                        f"described a call to {held.named}" if held.named else "said nothing")
             # A call asked for has no text; an answer asked again is held as the first was.
             again = HeldSentences(replace(held.rescue, described=False))
             async for delta in _deltas(held.rescue.ask(tool_choice), calls, again):

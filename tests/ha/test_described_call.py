@@ -191,3 +191,18 @@ async def test_an_answer_repeating_the_question_is_asked_again(
     bodies = [b for _, b in fake_hearth.chat_requests]
     assert [b["tool_choice"] for b in bodies] == ["auto", "auto"]
     assert bodies[1]["messages"] == bodies[0]["messages"]
+
+
+async def test_an_empty_answer_is_asked_again(
+    hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
+) -> None:
+    """An answer with neither words nor a call (a made-up tool result the server cut) is asked
+    again as it was; the call the second ask makes runs."""
+    answers = iter([text_chunks("")])
+    said = await _converse(hass, fake_hearth,
+                           lambda body: next(answers, None) or tool_call_script(body))
+    assert hass.states.get(kitchen_light).state == STATE_ON
+    bodies = [b for _, b in fake_hearth.chat_requests]
+    assert [b["tool_choice"] for b in bodies] == ["auto", "auto", "auto"]
+    assert bodies[1]["messages"] == bodies[0]["messages"]
+    assert said == "The kitchen light is on."
