@@ -109,9 +109,10 @@ def _describing(then_call: bool) -> Any:
     return handler
 
 
-async def _converse(hass: HomeAssistant, fake_hearth: FakeHearth, handler: Any,
+async def converse(hass: HomeAssistant, fake_hearth: FakeHearth, handler: Any,
                     text: str = "Turn it on then.") -> str:
-    """One turn of an agent that asks the model again after its tools ran: its speech."""
+    """One turn of an agent that asks the model again after its tools ran: its speech (also
+    test_questions')."""
     entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
     fake_hearth.chat_handler = handler
     result = await conversation.async_converse(
@@ -126,7 +127,7 @@ async def test_a_described_call_is_made_after_all(
     """The description is neither said nor kept; the second ask, with the same messages and a
     call of the named tool required, turns the light on, and the turn goes on as for any
     call."""
-    said = await _converse(hass, fake_hearth, _describing(then_call=True))
+    said = await converse(hass, fake_hearth, _describing(then_call=True))
     assert hass.states.get(kitchen_light).state == STATE_ON
     bodies = [body for _, body in fake_hearth.chat_requests]
     tool = turn_on_tool(bodies[0])
@@ -143,7 +144,7 @@ async def test_a_description_without_a_call_is_said(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
     """When the second ask brings no call either, the held text is the answer, whole."""
-    said = await _converse(hass, fake_hearth, _describing(then_call=False))
+    said = await converse(hass, fake_hearth, _describing(then_call=False))
     assert hass.states.get(kitchen_light).state == STATE_OFF
     tool = turn_on_tool(fake_hearth.chat_requests[0][1])
     assert [b["tool_choice"] for _, b in fake_hearth.chat_requests] == [
@@ -163,7 +164,7 @@ async def test_only_a_turns_first_answer_is_asked_again(
             return text_chunks(f"Done with {turn_on_tool(body)}.")
         return tool_call_script(body)
 
-    said = await _converse(hass, fake_hearth, handler)
+    said = await converse(hass, fake_hearth, handler)
     assert hass.states.get(kitchen_light).state == STATE_ON
     assert [b["tool_choice"] for _, b in fake_hearth.chat_requests] == ["auto", "auto"]
     assert said.startswith("Done with ")
@@ -172,7 +173,7 @@ async def test_only_a_turns_first_answer_is_asked_again(
 async def test_an_answer_naming_no_tool_is_asked_once(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
-    said = await _converse(hass, fake_hearth,
+    said = await converse(hass, fake_hearth,
                            lambda body: text_chunks("The kitchen light is off. Shall I?"),
                            "Is the kitchen light on?")
     assert len(fake_hearth.chat_requests) == 1
@@ -185,7 +186,7 @@ async def test_an_answer_repeating_the_question_is_asked_again(
     """An answer that only repeats the user's question is not said; asked again as it was, the
     model's second answer is."""
     answers = iter(["What can you do?", "I can turn lights on and off."])
-    said = await _converse(hass, fake_hearth, lambda body: text_chunks(next(answers)),
+    said = await converse(hass, fake_hearth, lambda body: text_chunks(next(answers)),
                            "What can you do?")
     assert said == "I can turn lights on and off."
     bodies = [b for _, b in fake_hearth.chat_requests]
@@ -199,7 +200,7 @@ async def test_an_empty_answer_is_asked_again(
     """An answer with neither words nor a call (a made-up tool result the server cut) is asked
     again as it was; the call the second ask makes runs."""
     answers = iter([text_chunks("")])
-    said = await _converse(hass, fake_hearth,
+    said = await converse(hass, fake_hearth,
                            lambda body: next(answers, None) or tool_call_script(body))
     assert hass.states.get(kitchen_light).state == STATE_ON
     bodies = [b for _, b in fake_hearth.chat_requests]

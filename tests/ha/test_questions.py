@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from homeassistant.components import conversation
 from homeassistant.const import STATE_OFF, STATE_ON
-from homeassistant.core import Context, HomeAssistant
+from homeassistant.core import HomeAssistant
 from homeassistant.helpers import llm
 
 from custom_components.hearth.call_hint import example_question
@@ -16,13 +15,12 @@ from custom_components.hearth.questions import ANSWER_NOW, REFUSED, changes_home
 
 from .conftest import (
     FakeHearth,
-    async_setup_hearth,
     call_chunks,
-    entity_of,
     text_chunks,
     turn_on_tool,
 )
-from .test_tool_loop import TWO_TURNS, kitchen_light  # noqa: F401 - a fixture
+from .test_described_call import converse
+from .test_tool_loop import kitchen_light  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.ha
 
@@ -92,22 +90,13 @@ def _act_then_answer(body: dict[str, Any]) -> list[dict[str, Any]]:
     return text_chunks("The kitchen light is off.")
 
 
-async def _ask(hass: HomeAssistant, fake_hearth: FakeHearth, handler: Any, text: str) -> str:
-    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=TWO_TURNS)
-    fake_hearth.chat_handler = handler
-    result = await conversation.async_converse(
-        hass, text, None, Context(), agent_id=entity_of(hass, entry, "conversation"))
-    speech: str = result.response.speech["plain"]["speech"]
-    return speech
-
-
 async def test_a_question_is_answered_not_acted_on(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
     """The agent's read runs, the model's action does not: the model reads why as the call's
     result, with the rest of the turn's messages as they were (the server's cache serves
     them), and its words are the answer."""
-    said = await _ask(hass, fake_hearth, _act_then_answer, "Is the kitchen light on?")
+    said = await converse(hass, fake_hearth, _act_then_answer, "Is the kitchen light on?")
     assert hass.states.get(kitchen_light).state == STATE_OFF
     assert said == "The kitchen light is off."
     bodies = [body for _, body in fake_hearth.chat_requests]
@@ -127,7 +116,7 @@ async def test_a_request_phrased_as_a_question_acts(
     hass: HomeAssistant, fake_hearth: FakeHearth, kitchen_light: str,  # noqa: F811
 ) -> None:
     """Nothing read first, nothing refused, no question asked again."""
-    await _ask(hass, fake_hearth, _act_then_answer, "Could you turn on the kitchen light?")
+    await converse(hass, fake_hearth, _act_then_answer, "Could you turn on the kitchen light?")
     assert hass.states.get(kitchen_light).state == STATE_ON
     assert not any(m["role"] == "tool" for m in fake_hearth.chat_requests[0][1]["messages"])
     assert all(ANSWER_NOW not in str(body) for _, body in fake_hearth.chat_requests)
@@ -146,7 +135,7 @@ async def test_only_the_action_of_a_round_is_refused(
         return call_chunks((_live_context(body), {}),
                            (turn_on_tool(body), {"name": "Kitchen light"}))
 
-    said = await _ask(hass, fake_hearth, handler, "Is it on?")
+    said = await converse(hass, fake_hearth, handler, "Is it on?")
     assert hass.states.get(kitchen_light).state == STATE_OFF
     assert said == "It is off."
     results = [m for m in fake_hearth.chat_requests[-1][1]["messages"] if m["role"] == "tool"]
@@ -171,7 +160,7 @@ async def test_reading_again_once_is_answered(
             return call_chunks((_live_context(body), {}))
         return text_chunks("The kitchen light is off.")
 
-    assert await _ask(hass, fake_hearth, handler, "Is the kitchen light on?") == said
+    assert await converse(hass, fake_hearth, handler, "Is the kitchen light on?") == said
     assert len(fake_hearth.chat_requests) == reads + (reads < 2)
 
 
@@ -185,7 +174,7 @@ async def test_an_action_asked_again_after_its_refusal_ends_the_turn(
     def handler(body: dict[str, Any]) -> list[dict[str, Any]]:
         return call_chunks((turn_on_tool(body), {"name": "Kitchen light"}))
 
-    said = await _ask(hass, fake_hearth, handler, "Is the kitchen light on?")
+    said = await converse(hass, fake_hearth, handler, "Is the kitchen light on?")
     assert hass.states.get(kitchen_light).state == STATE_OFF
     assert len(fake_hearth.chat_requests) == 2
     assert said == "The model used its tools but gave no answer."
@@ -210,7 +199,7 @@ async def test_a_question_about_the_home_reads_it_first(
             return text_chunks("It is off." if "'off'" in results[-1]["content"] else "It is on.")
         return text_chunks("Yes, it is on.")
 
-    said = await _ask(hass, fake_hearth, handler, text)
+    said = await converse(hass, fake_hearth, handler, text)
     (_, body), = fake_hearth.chat_requests
     assert body["tool_choice"] == "auto"
     if reads_first:
