@@ -237,8 +237,10 @@ class HearthBaseLLMEntity(Entity):
         asked = next((c.content for c in reversed(chat_log.content)
                       if isinstance(c, conversation.UserContent)), "")
         repair = call_repair(chat_log.llm_api, body.get("tools") or [], exposed, asked)
-        # A question is answered from what is read, never acted on (:mod:`.questions`).
-        question = QuestionTurn.of(self.hass, chat_log.llm_api, exposed, asked)
+        # A question is answered from what is read, never acted on (:mod:`.questions`); a
+        # structured answer (an AI Task's) is the task's to shape.
+        question = QuestionTurn.of(
+            self.hass, chat_log.llm_api, exposed, "" if structure else asked)
         if (temperature := options.get(CONF_TEMPERATURE)) is not None:
             body["temperature"] = float(temperature)
         if user:
