@@ -82,6 +82,8 @@ def _answer(case_id: str) -> dict:
     ("q-7", "Live Context: An overview of the areas and the devices in this smart home:\n"
             "- names: Kitchen light\n  domain: light\n  state: 'off'", False),
     ("q-7", "The kitchen light isn't on.", True),
+    ("q-7", "No lights are on in the kitchen.", True),
+    ("q-7", "The kitchen light is on.", False),
     ("q-3", "The kitchen light is on.", True),
     ("q-3", "The kitchen light and the porch light are on.", False),
     ("fu-3a", "The kitchen light is off.", True),
