@@ -82,7 +82,6 @@ class HeldSentences:
         self.rescue = rescue
         self.named: str | None = None
         self.held = ""
-        self.echoed = False
         self.shown = False  # words let through: the answer said something
         self._pending = ""
 
@@ -134,7 +133,7 @@ class HeldSentences:
     def _echo(self, sentence: str) -> bool:
         """Whether ``sentence`` only repeats words the answer must not repeat: held."""
         if sentence.strip() and self.rescue.is_echo(sentence):
-            self.echoed, self.held = True, self.held + sentence
+            self.held += sentence
             return True
         return False
 

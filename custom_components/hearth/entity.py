@@ -262,6 +262,7 @@ class HearthBaseLLMEntity(Entity):
 
         if question.read_first:
             messages.extend(await self._read_live_context(chat_log, question.read_first))
+        echoes = (asked, ACT_ALONE, example_question(exposed) or "")
         for iteration in range(MAX_TOOL_ITERATIONS):
             request = question.request(
                 {**body, "messages": messages}, bool(iteration or question.read_first))
@@ -278,7 +279,7 @@ class HearthBaseLLMEntity(Entity):
                 rescue = Rescue(
                     offered,
                     ask,
-                    echoes=(asked, ACT_ALONE, example_question(exposed) or ""),
+                    echoes=echoes,
                     described=iteration == 0 and not question.read_first,
                 )
             try:
