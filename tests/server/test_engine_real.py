@@ -182,10 +182,10 @@ def test_batched_generations_equal_one_at_a_time(model):
             identical += 1
             continue
         assert_parts_only_at_a_near_tie(model, chat_tokens(model, q), solo, batched)
-    # How many come out identical depends on how the prompts are cut into batches (the cost
-    # model decides; larger chunks flip more near-ties: 2 of 8 identical with the cost model
-    # by batch size, 4+ with 16-token chunks): the near-tie rule above is the correctness test.
-    assert identical >= 1
+    # How many come out identical depends on the CPU's kernels and on how the prompts are cut
+    # into batches (2 of 8 on one machine, 0 of 8 on CI's once): the near-tie rule above is the
+    # correctness test, so the count is only reported.
+    print(f"{identical} of {len(QUESTIONS)} batched generations identical to their solo run")
 
 
 def test_preempted_generation_resumes_exactly(model):
