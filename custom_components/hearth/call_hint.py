@@ -12,7 +12,7 @@ from typing import Any
 from homeassistant.helpers import llm
 
 from .compat import listed
-from .intent_tools import intent_tools, tool_kind
+from .intent_tools import intent_tools, offered_tool
 
 # Small models answered follow-ups ("and the porch light too", "turn it back on") by copying
 # the last turn's "Turned on the light" without a call, and explained calls in prose. With
@@ -40,17 +40,6 @@ _ASK_FOR_AREA = re.compile(
 
 def _example(tool: str, args: dict[str, Any]) -> str:
     return json.dumps({"name": tool, "arguments": args}, ensure_ascii=False)
-
-
-def offered_tool(llm_api: llm.APIInstance, base_name: str) -> str | None:
-    """The name under which ``llm_api`` offers the tool named ``base_name`` (its intent, or
-    its name with or without its API's prefix: :func:`tool_kind`)."""
-    want = base_name.casefold()
-    for tool in llm_api.tools:
-        kind = tool_kind(tool)
-        if kind == want or kind.endswith(f"__{want}"):
-            return str(tool.name)
-    return None
 
 
 def _first_light(exposed: dict[str, dict[str, Any]]) -> str | None:

@@ -21,6 +21,7 @@ from .compat import (
 )
 from .const import LOGGER
 from .described_call import HeldSentences, Rescue
+from .intent_tools import Call
 from .questions import refusal
 
 
@@ -126,7 +127,7 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 
 async def transform_stream(
     chunks: AsyncIterator[dict[str, Any]],
-    repair: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+    repair: Callable[[list[Call]], list[Call]] | None = None,
     rescue: Rescue | None = None,
     refuse: Collection[str] = (),
 ) -> AsyncGenerator[
@@ -137,7 +138,8 @@ async def transform_stream(
     Text is passed on as it arrives (so a voice pipeline can start speaking), or with
     ``rescue`` a sentence at a time, an answer that is no answer held back and asked again
     (:mod:`.described_call`); tool calls are assembled from their fragments and handed over
-    when the stream ends, their arguments through ``repair`` (tool name, arguments) where given.
+    when the stream ends, the round through ``repair`` (its calls' names and arguments) where
+    given.
     A call of a tool in ``refuse`` is not run: it is answered with :func:`.questions.refusal`
     (a question asked, :mod:`.questions`).
     """
@@ -212,23 +214,22 @@ def _add_fragments(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> N
 
 def _tool_inputs(
     calls: dict[int, dict[str, str]],
-    repair: Callable[[str, dict[str, Any]], dict[str, Any]] | None,
+    repair: Callable[[list[Call]], list[Call]] | None,
 ) -> list[llm.ToolInput]:
-    """The assembled calls as Home Assistant's tool inputs (nameless fragments dropped)."""
-    tool_calls = []
-    for index in sorted(calls):
-        call = calls[index]
-        if not call["name"]:
-            continue
-        args = _parse_arguments(call["arguments"])
-        if repair is not None:
-            args = repair(call["name"], args)
-        tool_calls.append(
-            llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
-            if call["id"]  # else Home Assistant gives the call an id of its own
-            else llm.ToolInput(tool_name=call["name"], tool_args=args)
-        )
-    return tool_calls
+    """The assembled calls as Home Assistant's tool inputs (nameless fragments dropped), the
+    round through ``repair`` where given."""
+    named = [calls[index] for index in sorted(calls) if calls[index]["name"]]
+    parsed = [(call["name"], _parse_arguments(call["arguments"])) for call in named]
+    if repair is not None:
+        repaired = repair(parsed)
+        if len(repaired) == len(parsed):  # a repair keeps one call per call: ids stay theirs
+            parsed = repaired
+    return [
+        llm.ToolInput(tool_name=name, tool_args=args, id=call["id"])
+        if call["id"]  # else Home Assistant gives the call an id of its own
+        else llm.ToolInput(tool_name=name, tool_args=args)
+        for call, (name, args) in zip(named, parsed, strict=True)
+    ]
 
 
 def convert_all(contents: Iterable[conversation.Content]) -> list[dict[str, Any]]:

@@ -29,8 +29,8 @@ from typing import Any
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import llm
 
-from .call_hint import offered_tool
 from .compat import exposed_kinds, exposed_names
+from .intent_tools import offered_tool
 
 # What a plain question opens with, after a filler word or two ("so, is ...", "hey, which ...").
 _OPENING = re.compile(
