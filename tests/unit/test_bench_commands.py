@@ -86,6 +86,11 @@ def _answer(case_id: str) -> dict:
     ("q-7", "The kitchen light is on.", False),
     ("q-3", "The kitchen light is on.", True),
     ("q-3", "The kitchen light and the porch light are on.", False),
+    ("q-3", "The kitchen light, the porch light and the lamp are on.", False),
+    ("q-3", "The porch light is on.", False),
+    # the others said to be off: right (the rule first scored these wrong)
+    ("q-3", "The kitchen light is on, and the porch light is off.", True),
+    ("q-3", "The kitchen light is on, while the living room and porch lamps are off.", True),
     ("fu-3a", "The kitchen light is off.", True),
 ])
 def test_answers_to_questions(case_id: str, said: str, right: bool) -> None:
