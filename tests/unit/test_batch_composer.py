@@ -71,6 +71,17 @@ def test_voice_prefill_with_no_stream_takes_the_whole_batch_and_unbounded_takes_
     c, b = composer()
     voice = running(b, "voice", 2000, 0, 1)
     assert [(it.req, it.n) for it in c.compose([voice], 0.0, True)] == [(voice, b.n_batch)]
+    # So does a prompt someone waits for while nothing streams (a voice command arriving
+    # cuts it); beside a stream it keeps to the target, and so does a job's prompt alone.
+    chat, agent = running(b, "chat", 2000, 0, 4), running(b, "agent", 2000, 0, 5)
+    assert [(it.req, it.n) for it in c.compose([chat, agent], 0.0, True)] == [
+        (chat, b.n_batch)]
+    beside = c.compose([running(b, "chat", 50, 49, 6), chat], 0.0, True)
+    assert 0 < beside[1].n < b.n_batch - 1
+    job = running(b, "background", 2000, 0, 7)
+    assert 0 < c.compose([job], 0.0, True)[0].n < b.n_batch
+    fifo, b = composer("fifo")  # the baselines keep their bound
+    assert 0 < fifo.compose([running(b, "chat", 2000, 0, 8)], 0.0, True)[0].n < b.n_batch
     stream = running(b, "chat", 50, 49, 2)
     summary = running(b, "background", 2000, 0, 3)
     bounded = c.compose([stream, summary], 0.0, True)

@@ -104,7 +104,7 @@ class BatchComposer:
         for r in self.policy.decode_order(decoding):
             items.append(BatchItem(r, r.n_past, 1, True))
         prefilling, large = self.policy.prefill_plan(
-            self.policy.order([r for r in running if r.remaining > 1], now))
+            self.policy.order([r for r in running if r.remaining > 1], now), bool(decoding))
         if any(self.policy.waited_for(r.rank) for r in decoding):
             # A warm-up never slows a stream someone waits for: on a CPU even the smallest
             # chunk beside one costs several decodes (the 1.5B: 16 tokens made each step
