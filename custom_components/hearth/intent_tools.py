@@ -219,9 +219,15 @@ def _said(text: str, words: list[str]) -> dict[str, str]:
             if re.search(rf"(?<!\w){re.escape(w.casefold())}(?!\w)", folded)}
 
 
+def _accepted_arguments(tools: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """The arguments each formatted tool takes, by the tool's name."""
+    return {t["function"]["name"]: set(t["function"]["parameters"].get("properties") or ())
+            for t in tools}
+
+
 def _scope_repair(
     llm_api: llm.APIInstance | None,
-    tools: list[dict[str, Any]],
+    accepts: dict[str, set[str]],
     exposed: dict[str, dict[str, Any]],
     text: str,
 ) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
@@ -231,8 +237,6 @@ def _scope_repair(
     the porch" and "turn on the lights in the kitchen" too, and every light went on. A
     request naming no device or area ("turn everything off") keeps the call as it is."""
     target = named_target(text, exposed)
-    accepts = {t["function"]["name"]: set(t["function"]["parameters"].get("properties") or ())
-               for t in tools}
     intents = {t.name for t in llm_api.tools if _names_entities(t)} if llm_api else set()
 
     def repair(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -263,7 +267,7 @@ def stated_percent(text: str) -> int | None:
 
 def _brightness_repair(
     llm_api: llm.APIInstance | None,
-    tools: list[dict[str, Any]],
+    accepts: dict[str, set[str]],
     exposed: dict[str, dict[str, Any]],
     text: str,
 ) -> Callable[[list[Call]], list[Call]]:
@@ -281,8 +285,7 @@ def _brightness_repair(
         return lambda calls: calls
     switches = {tool.name: tool_kind(tool) for tool in llm_api.tools
                 if tool_kind(tool) in ("hassturnon", "hassturnoff")}
-    accepts = next((set(t["function"]["parameters"].get("properties") or ())
-                    for t in tools if t["function"]["name"] == light_set), set())
+    takes = accepts.get(light_set, set())
     lights = {name.casefold() for entity_id, info in exposed.items()
               if entity_id.startswith("light.") for name in listed(info, "names")}
     others = set(_said(text, exposed_names(exposed)[0])) - lights
@@ -301,7 +304,7 @@ def _brightness_repair(
         tool_name, args = calls[0]
         if not of_lights(args) or (said_off and switches[tool_name] == "hassturnoff"):
             return calls
-        kept = {key: value for key, value in args.items() if key in accepts and key != "domain"}
+        kept = {key: value for key, value in args.items() if key in takes and key != "domain"}
         LOGGER.info("The model called %s for a request stating %s%%: %s with that brightness"
                     " instead", tool_name, level, light_set)
         return [(light_set, {**kept, "brightness": level})]
@@ -319,7 +322,8 @@ def call_repair(
     each call a wrong area dropped (:func:`area_repair`) and a missing target added
     (:func:`_scope_repair`); then an on/off call for a stated brightness made a brightness
     call (:func:`_brightness_repair`)."""
+    accepts = _accepted_arguments(tools)
     area = area_repair(llm_api, exposed)
-    scope = _scope_repair(llm_api, tools, exposed, text)
-    level = _brightness_repair(llm_api, tools, exposed, text)
+    scope = _scope_repair(llm_api, accepts, exposed, text)
+    level = _brightness_repair(llm_api, accepts, exposed, text)
     return lambda calls: level([(name, scope(name, area(name, args))) for name, args in calls])

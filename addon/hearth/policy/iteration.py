@@ -20,8 +20,7 @@ class IterationRules:
             return sorted(running, key=lambda r: (r.rank, r.arrival, r.id))
         return sorted(running, key=lambda r: (r.arrival, r.id))
 
-    def prefill_plan(self, prefilling: list[Any], streaming: bool = False
-                     ) -> tuple[list[Any], bool]:
+    def prefill_plan(self, prefilling: list[Any], streaming: bool) -> tuple[list[Any], bool]:
         """Which of the prefilling requests (in :meth:`order`) share this iteration, and
         whether they go in large chunks. In hearth mode an interactive prompt does not share
         its iteration with lower-class prefill, so its first token comes as fast as if the
