@@ -6,8 +6,8 @@ tokens costs little more than decoding one, which holds where decoding is memory
 and is what this measures on a CPU. It runs llama.cpp's own implementation (llama-server, built
 from the vendored llama.cpp: ``--spec-type draft-simple``) with and without the draft on the
 same voice-sized questions, greedy, one at a time, in interleaved rounds, and records the
-decode rate, end-to-end time and the draft's acceptance. Hearth itself drafts nothing yet:
-this decides whether it should.
+decode rate, end-to-end time and the draft's acceptance; then Hearth the same way, its voice
+class with and without its own draft (``--draft-model``, :mod:`hearth.engine.drafts`).
 
 Usage: python bench/speculative.py [--rounds N] [--drafts 3,5] [--out bench/results]
        (the models: make models)
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 sys.path.insert(0, str(ROOT / "bench"))
 
+from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
 from vs_llama_server import write_run  # noqa: E402
 
@@ -57,6 +59,47 @@ def ask(url: str, question: str) -> dict:
             "text": out["choices"][0]["message"]["content"]}
 
 
+def drafts(url: str) -> tuple[float, float]:
+    """Hearth's (drafted, accepted) tokens so far, from /metrics."""
+    with urllib.request.urlopen(url + "/metrics") as r:
+        text = r.read().decode()
+    found = {m[0]: float(m[1]) for m in
+             re.findall(r"^hearth_(drafted_tokens|accepted_drafts)_total (\S+)$", text, re.M)}
+    return found.get("drafted_tokens", 0.0), found.get("accepted_drafts", 0.0)
+
+
+def ask_hearth(url: str, question: str) -> dict:
+    """One voice question to Hearth, as :func:`ask` asks llama-server."""
+    body = {"messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": question}],
+            "max_tokens": 80, "temperature": 0, "priority": "voice"}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    before = drafts(url)
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.load(r)
+    e2e = time.monotonic() - t0
+    after = drafts(url)
+    n, timing = out["usage"]["completion_tokens"], out.get("hearth", {})
+    decoding = (timing.get("e2e_ms", 0) - timing.get("ttft_ms", 0)) / 1000
+    return {"e2e_s": e2e, "tokens": n, "decode_tok_s": (n - 1) / decoding if decoding > 0
+            else None, "drafted": int(after[0] - before[0]),
+            "accepted": int(after[1] - before[1]), "text": out["choices"][0]["message"]["content"]}
+
+
+def _served(name: str, extra: tuple[str, ...]) -> list[dict]:
+    """The questions asked of one server: llama-server, or Hearth for a setup so named."""
+    if name.startswith("Hearth"):
+        with HearthServer("--model", str(TARGET), "--n-ctx", "4096", "--n-parallel", "1",
+                          "--n-threads", "2", *extra) as srv:
+            ask_hearth(srv.url, "Hello.")  # the first decode's warm-up, as for llama-server
+            return [ask_hearth(srv.url, q) for q in QUESTIONS]
+    with LlamaServer(TARGET, "-c", "4096", "-np", "1", "-t", "2", *extra) as srv:
+        ask(srv.url, "Hello.")
+        return [ask(srv.url, q) for q in QUESTIONS]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
@@ -66,26 +109,30 @@ def main(argv: list[str] | None = None) -> int:
     for m in (TARGET, DRAFT):
         if not m.exists():
             sys.exit(f"{m} is missing: make models")
-    common = ("-c", "4096", "-np", "1", "-t", "2")
-    setups = {"no draft": ()} | {
+    lengths = args.drafts.split(",")
+    setups: dict[str, tuple[str, ...]] = {"no draft": ()} | {
         f"0.5B draft, up to {n}": ("-md", str(DRAFT), "--spec-type", "draft-simple",
-                                   "--spec-draft-n-max", n) for n in args.drafts.split(",")}
+                                   "--spec-draft-n-max", n) for n in lengths}
+    setups |= {"Hearth, no draft": ()} | {
+        f"Hearth, 0.5B draft, up to {n}": ("--draft-model", str(DRAFT), "--draft-tokens", n)
+        for n in lengths}
     runs: dict[str, list[dict]] = {name: [] for name in setups}
     for k in range(args.rounds):
         for name, extra in (list(setups.items()) if k % 2 == 0 else list(setups.items())[::-1]):
             print(f"round {k + 1}/{args.rounds}: {name}", file=sys.stderr)
-            with LlamaServer(TARGET, *common, *extra) as srv:
-                ask(srv.url, "Hello.")  # the first decode's warm-up
-                runs[name] += [ask(srv.url, q) for q in QUESTIONS]
+            runs[name] += _served(name, extra)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     lines = [f"# Speculative decoding on this machine — {stamp}", "",
              f"Command: `python bench/speculative.py --rounds {args.rounds} --drafts "
-             f"{args.drafts}`; llama-server, {TARGET.name}, {len(QUESTIONS)} voice questions "
-             "a round, greedy, 80 tokens at most.", "",
+             f"{args.drafts}`; llama-server and Hearth (voice class), {TARGET.name}, "
+             f"{len(QUESTIONS)} voice questions a round, greedy, 80 tokens at most. "
+             "Each row against its own server's row without a draft.", "",
              "| setup | decode tok/s (median) | answer e2e p50 | draft accepted | vs no draft |",
              "|---|---:|---:|---:|---:|"]
-    base = statistics.median(r["e2e_s"] for r in runs["no draft"])
     for name, rs in runs.items():
+        base = statistics.median(
+            r["e2e_s"] for r in runs["Hearth, no draft" if name.startswith("Hearth")
+                                     else "no draft"])
         drafted = sum(r["drafted"] or 0 for r in rs)
         accepted = sum(r["accepted"] or 0 for r in rs)
         e2e = statistics.median(r["e2e_s"] for r in rs)

@@ -169,6 +169,11 @@ class CallForcer:
         self.text = ""
         self._from = 0  # where the open call (or the search for one) starts
 
+    def quiet(self, text: str) -> bool:
+        """Whether no call is open in the output so far, nor would open with ``text`` after
+        it: nothing would be forced while it is written (drafted tokens may go unforced)."""
+        return _OPEN.search(self.text + text, self._from) is None
+
     def note(self, text: str) -> None:
         """Add output that needs no answer (text just forced)."""
         self.text += text

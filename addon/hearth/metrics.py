@@ -109,7 +109,13 @@ class _EngineCollector:
         forced = CounterMetricFamily("hearth_forced_tokens", "Tokens of tool calls written "
                                      "without sampling (their schemas left no choice)")
         forced.add_metric([], snap["forced_tokens_total"])
-        yield from (kv, hit, tps, gen, prompt, forced)
+        drafted = CounterMetricFamily("hearth_drafted_tokens", "Tokens a draft model guessed "
+                                      "for voice streams (speculative decoding)")
+        drafted.add_metric([], snap["drafted_tokens_total"])
+        accepted = CounterMetricFamily("hearth_accepted_drafts", "Drafted tokens the model's "
+                                       "own samples agreed with")
+        accepted.add_metric([], snap["accepted_drafts_total"])
+        yield from (kv, hit, tps, gen, prompt, forced, drafted, accepted)
 
 
 def _prefix_by_class(by_class: dict[str, dict[str, Any]]):

@@ -162,7 +162,9 @@ class Runtime:
 
     def _worker_cfg(self, path: Path, embed_path: Path | None) -> dict[str, Any]:
         s = self.settings
+        draft = resolve(s.draft_model, s.models_dir) if s.draft_model else None
         return {"model": str(path), "embedding_model": str(embed_path) if embed_path else "",
+                "draft_model": str(draft) if draft else "", "draft_tokens": s.draft_tokens,
                 "n_gpu_layers": s.n_gpu_layers, "use_mmap": s.use_mmap, "verbose": s.verbose,
                 "context": asdict(self._context_params()),
                 "embed_batch": min(2048, s.n_batch * 4)}

@@ -59,6 +59,8 @@ class Stats:
         self.iterations = 0
         self.aborted_iterations = 0
         self.forced_tokens = 0  # output written in tool calls without sampling (call_forcing)
+        self.drafted_tokens = 0  # guessed by a draft model and checked (engine.drafts)
+        self.accepted_drafts = 0  # of those, the ones the model's own samples agreed with
         self._lock = threading.Lock()  # the engine thread records, HTTP handlers read
         self.listeners: list = []  # called with each Finished record (e.g. Prometheus)
 
@@ -118,7 +120,9 @@ class Stats:
                       "prompt_tokens_total": self.prompt_total,
                       "preemptions": self.preemptions, "iterations": self.iterations,
                       "aborted_iterations": self.aborted_iterations,
-                      "forced_tokens_total": self.forced_tokens}
+                      "forced_tokens_total": self.forced_tokens,
+                      "drafted_tokens_total": self.drafted_tokens,
+                      "accepted_drafts_total": self.accepted_drafts}
         per_class: dict[str, dict] = {}
         for cls in CLASS_RANKS:
             rows = [f for f in finished if f.cls == cls]

@@ -3,7 +3,8 @@ item, and the constants that tune it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..requests import Request, SamplingParams
@@ -32,13 +33,18 @@ class Backend(Protocol):
     n_seq_max: int
     n_batch: int
     n_ubatch: int
+    n_draft: int  # most tokens a draft model guesses at a time (0: no draft model)
 
     def now(self) -> float: ...
     def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
                outputs: list[bool]) -> int: ...
+    # Each sample is (sampler, row): one token; or (sampler, row, drafts): a list of tokens
+    # (:func:`sample_run`).
     def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
-                      outputs: list[bool], samples: list[tuple[Any, int]]
-                      ) -> tuple[int, list[int]]: ...
+                      outputs: list[bool], samples: list[tuple]
+                      ) -> tuple[int, list[Any]]: ...
+    # The draft model's guess at the next tokens after ``tokens`` (at most ``k``).
+    def draft(self, tokens: list[int], k: int) -> list[int]: ...
     def new_sampler(self, p: SamplingParams) -> Any: ...
     def sample(self, sampler: Any, i: int) -> int: ...
     def free_sampler(self, sampler: Any) -> None: ...
@@ -60,17 +66,42 @@ class Backend(Protocol):
     def embed_limits(self) -> tuple[int, int]: ...  # (tokens per batch, inputs per batch)
 
 
+def sample_run(sample: Callable[[int], int], row: int, drafts: list[int]) -> list[int]:
+    """The tokens a stream gets from one decode that checked ``drafts`` after its last token:
+    sampled at ``row`` and on, in order, while each equals the draft fed after it. Every token
+    is the model's own sample given the tokens before it, so the output is what decoding one
+    token at a time would give (for any sampler); the drafts only decide how many come of one
+    decode. The last token is always one the draft did not guess (or there were no more)."""
+    run: list[int] = []
+    for j in range(len(drafts) + 1):
+        run.append(sample(row + j))
+        if j == len(drafts) or run[-1] != drafts[j]:
+            return run
+    return run
+
+
 class SampleAfterDecode:
     """``decode_sample`` for an in-process backend: decode, then sample each output. A worker
     process's backend does both in one round trip."""
 
+    n_draft = 0
+
     def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
-                      outputs: list[bool], samples: list[tuple[Any, int]]
-                      ) -> tuple[int, list[int]]:
+                      outputs: list[bool], samples: list[tuple]) -> tuple[int, list[Any]]:
         status = self.decode(tokens, pos, seqs, outputs)  # type: ignore[attr-defined]
         if status != 0:
             return status, []
-        return status, [self.sample(s, i) for s, i in samples]  # type: ignore[attr-defined]
+        out: list[Any] = []
+        for s, i, *drafts in samples:
+            if drafts:
+                out.append(sample_run(lambda j, s=s: self.sample(s, j),  # type: ignore[attr-defined]
+                                      i, drafts[0]))
+            else:
+                out.append(self.sample(s, i))  # type: ignore[attr-defined]
+        return status, out
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        return []
 
 
 class WorkerLost(BaseException):
@@ -144,4 +175,7 @@ class BatchItem:
     start: int  # first position fed
     n: int
     output: bool
+    # Tokens a draft model guessed after the item's one decode token, fed with it at the
+    # next positions and checked (:mod:`.drafts`): the KV cells of those refused are freed.
+    draft: list[int] = field(default_factory=list)
 

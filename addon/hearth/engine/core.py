@@ -2,7 +2,8 @@
 Its parts own their state and are given what they need: admission and preemption
 (:mod:`.admission`), the KV cache's accounting (:mod:`.kv`), batch composition
 (:mod:`.batching`), embeddings (:mod:`.embeddings`), failed, cut and lost decodes
-(:mod:`.recovery`), how a request ends (:mod:`.retiring`), packing (:mod:`.compaction`) and
+(:mod:`.recovery`), a draft model's guesses (:mod:`.drafts`), how a request ends
+(:mod:`.retiring`), packing (:mod:`.compaction`) and
 saving (:mod:`.persistence`) the prefix cache, and what other threads may read
 (:mod:`.view`)."""
 
@@ -26,6 +27,7 @@ from .base import Backend, BatchItem, EngineConfig, RequestError, WorkerLost, ch
 from .batching import BatchComposer
 from .compaction import Packer
 from .cost import CostModel, attention
+from .drafts import Drafts
 from .embeddings import Embedder
 from .forcing import JumpForward
 from .kv import KVSpace
@@ -76,6 +78,7 @@ class EngineCore:
                              self._arrived)
         self.persister = Persister(backend, self.kv, self.has_work, self._arrived)
         self.jump = JumpForward(backend, self.stats, self.policy, self._append)
+        self.drafts = Drafts(backend, self.kv, self.stats, lambda: self.batcher.cost)
         self.view = View(self)  # what other threads read: queue_state()
         self.view.publish()
 
@@ -226,6 +229,7 @@ class EngineCore:
         for r in served_warm_ups(self.running, self.kv):
             self._finish(r, "stop", now)  # what it was to compute is cached already
         items = self.admitter.fit(self._build_batch(now), now)
+        self.drafts.attach(items)
         embed = self.embedder.should_run(items, self.waiting.best_rank(), bool(self.waiting),
                                          now)
         if not items and not embed:
@@ -290,13 +294,14 @@ class EngineCore:
         prefill_tokens, best_prefill, attended = 0, 99, 0
         for it in items:
             r = it.req
-            tokens.extend(r.tokens[it.start: it.start + it.n])
-            pos.extend(range(it.start, it.start + it.n))
-            seqs.extend([r.seq_id] * it.n)  # type: ignore[list-item]
-            outs.extend([False] * (it.n - 1) + [it.output])
-            attended += attention(it.n, it.start)
+            m = it.n + len(it.draft)  # a draft's guesses follow the decode token, each output
+            tokens.extend(r.tokens[it.start: it.start + it.n] + it.draft)
+            pos.extend(range(it.start, it.start + m))
+            seqs.extend([r.seq_id] * m)  # type: ignore[list-item]
+            outs.extend([False] * (it.n - 1) + [it.output] + [True] * len(it.draft))
+            attended += attention(m, it.start)
             if it.output:
-                out_index[r.id] = len(tokens) - 1
+                out_index[r.id] = len(tokens) - 1 - len(it.draft)
             if it.n > 1 or not it.output:
                 prefill_tokens += it.n
                 best_prefill = min(best_prefill, r.rank)
@@ -304,7 +309,8 @@ class EngineCore:
             self.b.clear_abort()
             self._inflight = (best_prefill, prefill_tokens)
         # Every output's token is sampled with the decode: one round trip to a worker process.
-        samples = [(it.req.sampler, out_index[it.req.id]) for it in items if it.output]
+        samples = [(it.req.sampler, out_index[it.req.id], *([it.draft] if it.draft else []))
+                   for it in items if it.output]
         t0 = self.b.now()
         status, sampled = self.b.decode_sample(tokens, pos, seqs, outs, samples)
         t1 = self.b.now()
@@ -330,18 +336,21 @@ class EngineCore:
         next_token = iter(sampled)  # in the order of the items with an output
         for it in items:
             r = it.req
-            tok = next(next_token) if it.output else -1
+            out = next(next_token) if it.output else -1
             if r.finished:
                 continue
-            r.n_past += it.n
-            self.kv.computed(r, it.n)
+            n = self.drafts.checked(it, out) if it.draft else it.n
+            r.n_past += n
+            self.kv.computed(r, n)
             if not (it.n == 1 and it.output):
                 prompt_done += it.n
                 r.prefilled_tokens += it.n
-            self._charge_computed(r, it.start, it.n, now)
-            if it.output:
+            self._charge_computed(r, it.start, n, now)
+            for tok in (out if it.draft else [out] if it.output else []):
                 generated += 1
                 self._on_token(r, tok, now)
+                if r.finished:
+                    break
         self.stats.record_tokens(now, generated, prompt_done)
 
     def _charge_computed(self, r: Request, start: int, n: int, now: float) -> None:

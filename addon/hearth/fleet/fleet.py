@@ -226,9 +226,10 @@ class Fleet:
             n = shape_of(path, w.meta).resident_bytes(s.n_ctx)
         except (GGUFError, OSError):
             n = path.stat().st_size
-        if s.embedding_model:
-            with contextlib.suppress(ModelNotFound, OSError):
-                n += resolve(s.embedding_model, s.models_dir, download=False).stat().st_size
+        for extra in (s.embedding_model, s.draft_model):
+            if extra:
+                with contextlib.suppress(ModelNotFound, OSError):
+                    n += resolve(extra, s.models_dir, download=False).stat().st_size
         return n
 
     async def _estimate_later(self, w: Worker) -> None:

@@ -54,6 +54,7 @@ class ProcessBackend:
                                                        info["n_ubatch"])
         self._embed_limits = tuple(info["embed_limits"])
         self._embed_pieces = bool(info.get("embed_pieces"))
+        self.n_draft = int(info.get("n_draft", 0))
 
     def check(self) -> None:
         """Raise WorkerLost if the worker died while the engine was idle."""
@@ -72,13 +73,17 @@ class ProcessBackend:
         return self.decode_sample(tokens, pos, seqs, outputs, [])[0]
 
     def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
-                      outputs: list[bool], samples: list[tuple[Any, int]]
-                      ) -> tuple[int, list[int]]:
+                      outputs: list[bool], samples: list[tuple]) -> tuple[int, list[Any]]:
         t0 = time.perf_counter()
         status, out, busy = self._call("decode_sample", tokens, pos, seqs, outputs, samples)
         spent = time.perf_counter() - t0
         self.boundary.add(spent, spent - busy)
-        return status, self._learn(out)
+        # a drafted stream's sample is a run of tokens (engine.base.sample_run)
+        return status, [self._learn(x) if isinstance(x, list) else self._learn([x])[0]
+                        for x in out]
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        return self._learn(self._call("draft", tokens, k))
 
     def _learn(self, out: list[tuple[int, bool, bytes]]) -> list[int]:
         """Tokens a worker sent with their text and end-of-generation flag: those kept for

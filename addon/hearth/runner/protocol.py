@@ -31,8 +31,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ENGINE_OPS = ("decode_sample", "new_sampler", "seq_pos_max", "seq_state_get", "seq_state_set",
-              "embed", "embed_piece", "token_info", "sync", "exit")
+ENGINE_OPS = ("decode_sample", "draft", "new_sampler", "seq_pos_max", "seq_state_get",
+              "seq_state_set", "embed", "embed_piece", "token_info", "sync", "exit")
 DEFERRED_OPS = ("seq_rm", "seq_cp", "free_sampler")
 SERVICE_OPS = ("tokenize", "tokenize_pieces", "check_grammar", "ping")
 

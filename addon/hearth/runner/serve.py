@@ -16,6 +16,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..backend import LlamaBackend
+from ..drafting import Drafter, same_vocabulary
+from ..engine.base import sample_run
 from ..llama_adapter import ContextParams, Model
 from ..llama_backends import NO_EXTRA, backend_names, cpu_rungs, cpu_variant, init_backend
 from ..llama_sampling import Sampler, check_grammar
@@ -53,6 +55,7 @@ class Runner:
         b = LlamaBackend(model, ContextParams(**cfg["context"]), embed_model=embed_model,
                          embed_batch=cfg["embed_batch"], abort_flag=self.abort.array)
         self.model, self.b = model, b
+        self.drafter = self._drafter(model, rung)
         # The canary: a CPU that reports instructions it cannot run dies here, not mid-request.
         token = model.tokenize("Hearth warms up.", add_special=False)[0]
         faults.at_canary(rung)
@@ -68,7 +71,23 @@ class Runner:
             "description": model.description,
             "n_vocab": model.n_vocab, "n_ctx_train": model.n_ctx_train,
             "chat_template": model.chat_template(), "specials": specials,
-            "architecture": model.meta("general.architecture"), "canary_token": token}))
+            "architecture": model.meta("general.architecture"), "canary_token": token,
+            "n_draft": cfg.get("draft_tokens", 0) if self.drafter else 0}))
+
+    def _drafter(self, model: Model, rung: str) -> Drafter | None:
+        """The draft model, where one is set and can draft for this model; else None (a
+        draft that cannot serve is logged and left out: the model serves without it)."""
+        cfg = self.cfg
+        if not cfg.get("draft_model") or cfg.get("draft_tokens", 0) <= 0:
+            return None
+        draft = Model(cfg["draft_model"], n_gpu_layers=cfg["n_gpu_layers"],
+                      use_mmap=cfg["use_mmap"], extra_buffers=not rung.endswith(NO_EXTRA))
+        if why := same_vocabulary(model, draft):
+            log.warning("%s cannot draft for %s: %s; serving without a draft",
+                        draft.path.name, model.path.name, why)
+            draft.close()
+            return None
+        return Drafter(draft, cfg["context"].get("n_threads", 0))
 
     # -- the engine channel ---------------------------------------------------------------
     def serve(self) -> None:
@@ -112,20 +131,31 @@ class Runner:
         return self._next_sampler
 
     def op_decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
-                         outputs: list[bool], samples: list[tuple[int, int]]
-                         ) -> tuple[int, list[tuple[int, bool, bytes]], float]:
+                         outputs: list[bool], samples: list[tuple]) -> tuple[int, list, float]:
+        """Decode, then sample each output: ``(sampler, row)`` gives one described token,
+        ``(sampler, row, drafts)`` the run :func:`~hearth.engine.base.sample_run` takes."""
         t0 = time.perf_counter()
         status = self.b.decode(tokens, pos, seqs, outputs)
         if status != 0:
             return status, [], time.perf_counter() - t0
-        out = []
-        for sid, i in samples:
+        out: list = []
+        for sid, i, *drafts in samples:
             self.abort.blame = sid  # a crash in here is this request's
             if sid in self.poisoned:
                 faults.on_poisoned_sample()
-            out.append(self._described(self.b.sample(self.samplers[sid], i)))
+            sampler = self.samplers[sid]
+            if drafts:
+                run = sample_run(lambda j, s=sampler: self.b.sample(s, j), i, drafts[0])
+                out.append([self._described(tok) for tok in run])
+            else:
+                out.append(self._described(self.b.sample(sampler, i)))
         self.abort.blame = 0
         return status, out, time.perf_counter() - t0  # the server subtracts it from its wait
+
+    def op_draft(self, tokens: list[int], k: int) -> list[tuple[int, bool, bytes]]:
+        if self.drafter is None:
+            return []
+        return [self._described(tok) for tok in self.drafter.draft(tokens, k)]
 
     def op_force(self, sid: int, text: str, limit: int) -> list[tuple[int, bool, bytes]]:
         self.abort.blame = sid  # a crash in the grammar is this request's

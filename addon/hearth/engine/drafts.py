@@ -1,0 +1,129 @@
+"""Speculative decoding, a part of the engine: a voice stream's decode token goes with the
+tokens a draft model guesses after it, and one decode checks them all (the worker samples
+each in turn while they agree: :func:`~hearth.engine.base.sample_run`). A voice answer is
+read out whole, so its last token is what the household waits for; the draft is for the
+voice class only, where a draft model is set (``draft_model``).
+
+It pays where checking a few tokens costs little more than decoding one: on a GPU, not on a
+small CPU (measured: README, issue 30). So it drafts only as many tokens as pay, from what it
+measures as it serves (:class:`Payoff`): the share of guesses accepted, the draft's time a
+token and the decode's cost by batch size (the composer's cost model). Where none pays it
+drafts nothing, but for a probe now and then that keeps the measures current.
+
+What it must never change is the output: every token is still the model's own sample.
+Guessed tokens need KV cells and batch room only for the decode that checks them; the refused
+ones' cells are freed after it. The worker's draft holds one sequence: one voice stream an
+iteration is drafted for (the first in decode order, as a rule the same one throughout), so
+two streams never take turns evicting each other from it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..requests import Request
+from ..stats import Stats
+from .base import Backend, BatchItem
+from .cost import CostModel
+from .kv import KVSpace
+
+# Guesses measured before the payoff decides: the first voice answer or two is drafted in
+# full (on a CPU where drafting does not pay, ~0.5 s lost once; 64 cost the first three).
+MEASURED_FIRST = 16
+# One eligible iteration in this many is drafted for (one token) while none pays.
+PROBE_EVERY = 50
+
+
+class Payoff:
+    """How many guesses pay, from measures: with each guess accepted at rate ``a`` (after the
+    one before it was), ``k`` guesses give 1 + a + ... + a^k tokens a decode; they cost the
+    draft's time for ``k`` tokens and the decode's for ``k`` more positions."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.refused = 0  # runs cut short by a guess the model did not sample
+        self.guessed = 0
+        self.draft_s = 0.0
+        self._since_probe = 0
+
+    def drafted(self, n: int, seconds: float) -> None:
+        self.guessed += n
+        self.draft_s += seconds
+
+    def checked(self, offered: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.refused += accepted < offered
+
+    def tokens(self, k_max: int, batch: int, cost: CostModel) -> int:
+        """The guesses to ask for beside a batch of ``batch`` tokens: the number that makes
+        the drafted stream's time a token least (0: none pays)."""
+        if self.guessed < MEASURED_FIRST:
+            return k_max
+        a = (self.accepted + 1) / (self.accepted + self.refused + 2)  # 1/2 before any check
+        per_guess = self.draft_s / self.guessed
+        alone = cost.predict(batch)
+        best, best_s = 0, alone
+        for k in range(1, k_max + 1):
+            gained = sum(a ** j for j in range(k + 1))
+            # never below the batch alone: a bucket's fit may price one more token lower
+            s = (per_guess * k + max(alone, cost.predict(batch + k))) / gained
+            if s < best_s:
+                best, best_s = k, s
+        if best == 0:
+            self._since_probe += 1
+            if self._since_probe >= PROBE_EVERY:
+                self._since_probe, best = 0, 1
+        return best
+
+
+class Drafts:
+    def __init__(self, backend: Backend, kv: KVSpace, stats: Stats,
+                 cost: Callable[[], CostModel]):
+        self.b = backend
+        self.kv = kv
+        self.stats = stats
+        self.cost = cost  # the composer's, which a new worker may replace
+        self.payoff = Payoff()
+
+    def attach(self, items: list[BatchItem]) -> None:
+        """Give the first voice stream's decode item in ``items`` the draft's guesses, as
+        many as pay, within the cells free, the batch's room and the stream's limits."""
+        k_max = getattr(self.b, "n_draft", 0)
+        it = next((it for it in items if it.n == 1 and it.output and it.req.cls == "voice"),
+                  None)
+        if k_max <= 0 or it is None:
+            return
+        r = it.req
+        batch = sum(x.n for x in items)
+        cells = self.kv.pool.free_cells - sum(max(0, x.n - x.req.reserved) for x in items)
+        limit = min(self.payoff.tokens(k_max, batch, self.cost()), cells,
+                    self.b.n_batch - batch, r.max_tokens - r.n_generated - 1,
+                    self.b.n_ctx_seq - len(r.tokens) - 1)
+        if limit <= 0 or (r.forcer is not None and not r.forcer.quiet("")):
+            return  # inside a tool call, jump-forward writes what is fixed
+        t0 = self.b.now()
+        it.draft = self._unforced(r, self.b.draft(r.tokens, limit)[:limit])
+        self.payoff.drafted(len(it.draft), self.b.now() - t0)
+        self.stats.drafted_tokens += len(it.draft)
+
+    def _unforced(self, r: Request, guessed: list[int]) -> list[int]:
+        """The guesses up to where a tool call would open: text a call's schemas fix is
+        written by jump-forward after the token that opens it (:mod:`.forcing`), and the
+        tokens sampled after that one would not be the output."""
+        if r.forcer is None:
+            return guessed
+        text = ""
+        for n, tok in enumerate(guessed):
+            text += self.b.piece(tok).decode("utf-8", "ignore")
+            if not r.forcer.quiet(text):
+                return guessed[:n]
+        return guessed
+
+    def checked(self, it: BatchItem, run: list[int]) -> int:
+        """``it``'s decode checked its guesses and its stream got ``run``: the cells of the
+        guesses refused are freed. Returns the positions now in the KV cache."""
+        accepted = len(run) - 1
+        self.stats.accepted_drafts += accepted
+        self.payoff.checked(len(it.draft), accepted)
+        if accepted < len(it.draft):
+            self.b.seq_rm(it.req.seq_id, it.start + 1 + accepted, -1)  # type: ignore[arg-type]
+        return 1 + accepted

@@ -1,0 +1,187 @@
+"""Speculative decoding (engine.drafts): a voice stream's output is the model's own, drafted or
+not; guessed tokens' cells are counted nowhere once checked; guesses stop before a tool call
+opens (simulated backend, random workloads)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_backend import SimBackend, make_core, request
+
+from hearth.call_forcing import CallForcer
+from hearth.engine.base import BatchItem, sample_run
+from hearth.engine.cost import CostModel
+from hearth.engine.drafts import MEASURED_FIRST, PROBE_EVERY, Drafts, Payoff
+from hearth.requests import Request
+from hearth.stats import Stats
+
+EXAMPLES = int(os.environ.get("HEARTH_PROPERTY_EXAMPLES", "150"))
+
+
+def _next(context: list[int] | tuple[int, ...]) -> int:
+    """The simulated model's token after ``context``: a function of its last 8 tokens only
+    (the same for every sampler), so a draft can guess it."""
+    h = hashlib.blake2b(repr(tuple(context[-8:])).encode(), digest_size=4)
+    return 10 + int.from_bytes(h.digest(), "little") % 1000
+
+
+class Drafting(SimBackend):
+    """A simulated model with a draft that guesses right except where a hash says not (about
+    one guess in ``miss``), and stops early now and then."""
+
+    def __init__(self, n_draft: int, miss: int = 3, **kw):
+        super().__init__(**kw)
+        self.n_draft = n_draft
+        self.miss = miss
+        self.draft_calls = 0
+
+    def sample(self, sampler, i: int) -> int:
+        return _next(self._outputs[i])
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        self.draft_calls += 1
+        ctx, out = list(tokens), []
+        for _ in range(k):
+            tok = _next(ctx)
+            if tok % self.miss == 0:
+                tok += 1  # a wrong guess
+            if tok % 17 == 0:
+                break  # the draft expects the end here
+            out.append(tok)
+            ctx.append(tok)
+        return out
+
+
+workload = st.lists(
+    st.tuples(st.sampled_from(["voice", "voice", "chat", "background"]),
+              st.integers(1, 60),   # prompt tokens
+              st.integers(1, 30),   # tokens to generate
+              st.integers(0, 4)),   # iterations before the next arrival
+    min_size=1, max_size=12)
+
+
+def _serve(b: SimBackend, jobs, check=None) -> list[list[int]]:
+    core, _ = make_core("hearth", n_parallel=4, backend=b)
+    sinks = []
+    for i, (cls, n, out, gap) in enumerate(jobs):
+        r, sink = request(b, cls, n, out, seed=i)
+        core.submit(r)
+        sinks.append(sink)
+        for _ in range(gap):
+            core.step()
+            if check:
+                check(core)
+    for _ in range(20_000):
+        if all(s.done is not None for s in sinks):
+            break
+        core.step()
+        if check:
+            check(core)
+    assert all(s.done is not None and s.done.kind == "done" for s in sinks)
+    return [s.tokens for s in sinks]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(jobs=workload, k=st.integers(1, 6), miss=st.integers(2, 6),
+       n_ctx=st.sampled_from([100_000, 400]))
+def test_drafted_streams_write_what_they_would_alone(jobs, k, miss, n_ctx):
+    """Every request's output is the same with a draft as without, in pools that preempt or
+    not; after every iteration the pool counts the cells the backend holds (refused guesses'
+    cells freed); only voice streams are drafted for."""
+    plain = _serve(Drafting(0, n_ctx=n_ctx, n_seq_max=12), jobs)
+    b = Drafting(k, miss, n_ctx=n_ctx, n_seq_max=12)
+
+    def check(core) -> None:
+        assert core.pool.used_cells == b.used, (core.pool.used_cells, b.used)
+        assert core.stats.accepted_drafts <= core.stats.drafted_tokens
+
+    assert _serve(b, jobs, check) == plain
+    if not any(cls == "voice" for cls, *_ in jobs):
+        assert b.draft_calls == 0
+
+
+def test_a_lone_voice_stream_needs_fewer_decodes_with_a_good_draft():
+    """A draft that is always right: each decode gives the stream up to k + 1 tokens."""
+    jobs = [("voice", 20, 24, 0)]
+    alone = Drafting(0)
+    _serve(alone, jobs)
+    b = Drafting(3, miss=10**9)
+    _serve(b, jobs)
+    assert len(b.batches) < len(alone.batches) - 10, (len(b.batches), len(alone.batches))
+
+
+def test_sample_run_stops_at_the_first_disagreement():
+    samples = {5: 11, 6: 12, 7: 99, 8: 14}
+    assert sample_run(samples.__getitem__, 5, [11, 12, 13]) == [11, 12, 99]
+    assert sample_run(samples.__getitem__, 5, [11, 12]) == [11, 12, 99]
+    assert sample_run(samples.__getitem__, 5, [10]) == [11]
+    assert sample_run(samples.__getitem__, 5, []) == [11]
+
+
+class _Pieces(SimBackend):
+    n_draft = 8
+
+    def __init__(self, pieces: dict[int, str], guesses: list[int]):
+        super().__init__()
+        self.texts, self.guesses = pieces, guesses
+
+    def piece(self, token: int) -> bytes:
+        return self.texts[token].encode()
+
+    def draft(self, tokens, k):
+        return self.guesses[:k]
+
+
+TOOLS = [{"type": "function", "function": {"name": "HassTurnOn", "parameters": {
+    "type": "object", "properties": {"name": {"type": "string"}}}}}]
+
+
+def _drafted(b: _Pieces, forcer: CallForcer | None) -> list[int]:
+    core, _ = make_core(backend=b)
+    r = Request(prompt=[1, 2, 3], rank=0, sink=lambda events: None, forcer=forcer)
+    r.tokens, r.max_tokens = [1, 2, 3], 50
+    item = BatchItem(r, 3, 1, True)
+    Drafts(b, core.kv, Stats(), lambda: core.cost).attach([item])
+    return item.draft
+
+
+def _measured(accepted_share: float, draft_s: float) -> Payoff:
+    """A payoff that has seen enough guesses: 3 a decode, about ``accepted_share`` of each
+    run accepted, ``draft_s`` seconds a guess."""
+    p = Payoff()
+    for i in range(MEASURED_FIRST):
+        p.drafted(3, 3 * draft_s)
+        p.checked(3, 3 if i < accepted_share * MEASURED_FIRST else 0)
+    return p
+
+
+def test_where_checking_guesses_costs_as_much_as_decoding_them_none_are_asked_for():
+    """A small CPU: a batch costs 30 ms a token (the 1.5B on 2 cores: 4 positions 3x one);
+    a GPU: a few more positions cost next to nothing. Same draft, same acceptance."""
+    cpu, gpu = CostModel(), CostModel()
+    for _ in range(4):
+        for n in range(1, 9):
+            cpu.observe(n, 0.002 + 0.030 * n)
+            gpu.observe(n, 0.010 + 0.0002 * n)
+    p = _measured(0.6, draft_s=0.002)
+    assert p.tokens(4, 1, gpu) >= 2
+    asked = [p.tokens(4, 1, cpu) for _ in range(3 * PROBE_EVERY)]
+    assert asked.count(0) == len(asked) - 3 and set(asked) == {0, 1}  # a probe now and then
+    # a draft that is always refused pays nowhere; before measuring, all are asked for
+    assert _measured(0.0, draft_s=0.002).tokens(4, 1, gpu) == 0
+    assert Payoff().tokens(4, 1, cpu) == 4
+
+
+def test_guesses_stop_before_a_tool_call_opens():
+    """Jump-forward writes a call's fixed text after the token that opens it: the guesses end
+    before that token, so it can only be the last of a stream's run."""
+    pieces = {20: "Sure", 21: " ", 22: '{"', 23: "name", 24: '":', 25: ' "'}
+    guesses = [20, 21, 22, 23, 24, 25]
+    assert _drafted(_Pieces(pieces, guesses), None) == guesses
+    assert _drafted(_Pieces(pieces, guesses), CallForcer(TOOLS)) == [20, 21, 22, 23]
+    inside = CallForcer(TOOLS)
+    inside.feed('{"name": "HassTu')
+    assert _drafted(_Pieces(pieces, guesses), inside) == []  # a call open: nothing drafted
