@@ -7,7 +7,8 @@ and is what this measures on a CPU. It runs llama.cpp's own implementation (llam
 from the vendored llama.cpp: ``--spec-type draft-simple``) with and without the draft on the
 same voice-sized questions, greedy, one at a time, in interleaved rounds, and records the
 decode rate, end-to-end time and the draft's acceptance; then Hearth the same way, its voice
-class with and without its own draft (``--draft-model``, :mod:`hearth.engine.drafts`).
+class with and without its own draft (``--draft-model``, :mod:`hearth.engine.drafts`): as
+many guesses as its measurements say pay, and (``--draft-policy always``) every voice decode.
 
 Usage: python bench/speculative.py [--rounds N] [--drafts 3,5] [--out bench/results]
        (the models: make models)
@@ -113,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     setups: dict[str, tuple[str, ...]] = {"no draft": ()} | {
         f"0.5B draft, up to {n}": ("-md", str(DRAFT), "--spec-type", "draft-simple",
                                    "--spec-draft-n-max", n) for n in lengths}
-    setups |= {"Hearth, no draft": ()} | {
-        f"Hearth, 0.5B draft, up to {n}": ("--draft-model", str(DRAFT), "--draft-tokens", n)
-        for n in lengths}
+    setups |= {"Hearth, no draft": ()}
+    for n in lengths:
+        draft = ("--draft-model", str(DRAFT), "--draft-tokens", n)
+        setups[f"Hearth, 0.5B draft, up to {n}"] = draft  # as many as pay
+        setups[f"Hearth, 0.5B draft, {n} every voice decode"] = (*draft, "--draft-policy",
+                                                                "always")
     runs: dict[str, list[dict]] = {name: [] for name in setups}
     for k in range(args.rounds):
         for name, extra in (list(setups.items()) if k % 2 == 0 else list(setups.items())[::-1]):

@@ -11,6 +11,8 @@ nothing until it has caught up."""
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 
 import numpy as np
 
@@ -40,6 +42,20 @@ class Drafter:
                                                 n_batch=PREFILL_STEP, n_ubatch=PREFILL_STEP,
                                                 n_threads=n_threads))
         self.held: list[int] = []  # the tokens in the draft's cache, by position
+
+    def calibrate(self, token: int, rounds: int = 5) -> float:
+        """Seconds one guess costs: the median of single decodes (the engine decides from it
+        whether drafting can pay on this machine before it drafts anything)."""
+        times = []
+        for pos in range(rounds):
+            t0 = time.perf_counter()
+            self.ctx.decode([token], [pos], [0], [True])
+            self.model.is_eog(int(np.ctypeslib.as_array(
+                self.ctx.logits(-1), shape=(self.model.n_vocab,)).argmax()))
+            times.append(time.perf_counter() - t0)
+        self.ctx.seq_rm(0, 0, -1)
+        self.held = []
+        return statistics.median(times)
 
     def draft(self, tokens: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens the draft expects after ``tokens`` (fewer where it expects the

@@ -240,7 +240,8 @@ class Runtime:
             EngineConfig(latency_target_s=s.latency_target_ms / 1000.0,
                          relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
                          prefix_cache_entries=entries, max_queue=s.max_queue,
-                         prefix_cache_kept_share=s.prefix_cache_kept_share),
+                         prefix_cache_kept_share=s.prefix_cache_kept_share,
+                         draft_policy=s.draft_policy),
             self.stats)
 
     def _restore_prefixes(self, core: EngineCore, path: Path, n_ctx: int) -> None:

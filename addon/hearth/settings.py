@@ -122,9 +122,13 @@ class Settings(BaseModel):
     embedding_model: str = _opt("", "GGUF for /v1/embeddings; empty = the chat model's weights")
     draft_model: str = _opt(
         "", "GGUF of a small model with the chat model's vocabulary that drafts voice answers "
-        "(speculative decoding), as many tokens as the measured costs say pay (on a CPU, none "
-        "after the first guesses); empty = no draft")
+        "(speculative decoding), as many tokens as the measured costs say pay (on a small CPU, "
+        "none); empty = no draft")
     draft_tokens: int = _opt(4, "most tokens the draft model guesses at a time", ge=1, le=16)
+    draft_policy: Literal["measured", "always"] = _opt(
+        "measured", "measured: guess as many tokens as the measured costs say pay (none where "
+        "none can); always: draft_tokens every voice decode, to measure what drafting does",
+        addon=False)
     n_ctx: int = _opt(16384, "KV cache size in tokens, shared by all sequences", ge=256)
     n_parallel: int = _opt(8, "most sequences decoding at once", ge=1, le=64)
     n_batch: int = _opt(512, "most tokens in one llama_decode call", ge=16)

@@ -14,7 +14,7 @@ from sim_backend import SimBackend, make_core, request
 from hearth.call_forcing import CallForcer
 from hearth.engine.base import BatchItem, sample_run
 from hearth.engine.cost import CostModel
-from hearth.engine.drafts import MEASURED_FIRST, PROBE_EVERY, Drafts, Payoff
+from hearth.engine.drafts import PROBE_EVERY, Drafts, Payoff, best_guesses
 from hearth.requests import Request
 from hearth.stats import Stats
 
@@ -63,8 +63,8 @@ workload = st.lists(
     min_size=1, max_size=12)
 
 
-def _serve(b: SimBackend, jobs, check=None) -> list[list[int]]:
-    core, _ = make_core("hearth", n_parallel=4, backend=b)
+def _serve(b: SimBackend, jobs, check=None, policy: str = "always") -> list[list[int]]:
+    core, _ = make_core("hearth", n_parallel=4, backend=b, draft_policy=policy)
     sinks = []
     for i, (cls, n, out, gap) in enumerate(jobs):
         r, sink = request(b, cls, n, out, seed=i)
@@ -86,8 +86,8 @@ def _serve(b: SimBackend, jobs, check=None) -> list[list[int]]:
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(jobs=workload, k=st.integers(1, 6), miss=st.integers(2, 6),
-       n_ctx=st.sampled_from([100_000, 400]))
-def test_drafted_streams_write_what_they_would_alone(jobs, k, miss, n_ctx):
+       n_ctx=st.sampled_from([100_000, 400]), policy=st.sampled_from(["always", "measured"]))
+def test_drafted_streams_write_what_they_would_alone(jobs, k, miss, n_ctx, policy):
     """Every request's output is the same with a draft as without, in pools that preempt or
     not; after every iteration the pool counts the cells the backend holds (refused guesses'
     cells freed); only voice streams are drafted for."""
@@ -98,7 +98,7 @@ def test_drafted_streams_write_what_they_would_alone(jobs, k, miss, n_ctx):
         assert core.pool.used_cells == b.used, (core.pool.used_cells, b.used)
         assert core.stats.accepted_drafts <= core.stats.drafted_tokens
 
-    assert _serve(b, jobs, check) == plain
+    assert _serve(b, jobs, check, policy) == plain
     if not any(cls == "voice" for cls, *_ in jobs):
         assert b.draft_calls == 0
 
@@ -144,35 +144,45 @@ def _drafted(b: _Pieces, forcer: CallForcer | None) -> list[int]:
     r = Request(prompt=[1, 2, 3], rank=0, sink=lambda events: None, forcer=forcer)
     r.tokens, r.max_tokens = [1, 2, 3], 50
     item = BatchItem(r, 3, 1, True)
-    Drafts(b, core.kv, Stats(), lambda: core.cost).attach([item])
+    Drafts(b, core.kv, Stats(), lambda: core.cost, always=True).attach([item])
     return item.draft
 
 
-def _measured(accepted_share: float, draft_s: float) -> Payoff:
-    """A payoff that has seen enough guesses: 3 a decode, about ``accepted_share`` of each
-    run accepted, ``draft_s`` seconds a guess."""
-    p = Payoff()
-    for i in range(MEASURED_FIRST):
-        p.drafted(3, 3 * draft_s)
-        p.checked(3, 3 if i < accepted_share * MEASURED_FIRST else 0)
-    return p
-
-
-def test_where_checking_guesses_costs_as_much_as_decoding_them_none_are_asked_for():
+def _costs() -> tuple[CostModel, CostModel]:
     """A small CPU: a batch costs 30 ms a token (the 1.5B on 2 cores: 4 positions 3x one);
-    a GPU: a few more positions cost next to nothing. Same draft, same acceptance."""
+    a GPU: a few more positions cost next to nothing."""
     cpu, gpu = CostModel(), CostModel()
     for _ in range(4):
         for n in range(1, 9):
             cpu.observe(n, 0.002 + 0.030 * n)
             gpu.observe(n, 0.010 + 0.0002 * n)
-    p = _measured(0.6, draft_s=0.002)
-    assert p.tokens(4, 1, gpu) >= 2
-    asked = [p.tokens(4, 1, cpu) for _ in range(3 * PROBE_EVERY)]
-    assert asked.count(0) == len(asked) - 3 and set(asked) == {0, 1}  # a probe now and then
-    # a draft that is always refused pays nowhere; before measuring, all are asked for
-    assert _measured(0.0, draft_s=0.002).tokens(4, 1, gpu) == 0
-    assert Payoff().tokens(4, 1, cpu) == 4
+    return cpu, gpu
+
+
+def test_where_no_guess_could_pay_none_is_asked_for_not_even_a_probe():
+    """On the CPU a guess of a draft a third as dear as a decode does not pay even if every
+    guess were accepted; on the GPU it does from the first (accepted half the time, as
+    assumed before any is checked)."""
+    cpu, gpu = _costs()
+    assert best_guesses(4, 1, cpu, 0.011, accepted=1.0) == 0
+    p = Payoff()
+    assert [p.tokens(4, 1, cpu, 0.011) for _ in range(3 * PROBE_EVERY)] == [0] * 3 * PROBE_EVERY
+    assert p.tokens(4, 1, gpu, 0.002) >= 1
+
+
+def test_a_draft_mostly_refused_is_probed_now_and_then():
+    """On the GPU, guesses that are refused make drafting a loss; it would pay if they were
+    accepted, so a one-token probe goes every PROBE_EVERY iterations; once accepted again,
+    more are asked for."""
+    _, gpu = _costs()
+    p = Payoff()
+    for _ in range(40):
+        p.checked(3, 0)
+    asked = [p.tokens(4, 1, gpu, 0.004) for _ in range(3 * PROBE_EVERY)]
+    assert asked.count(1) == 3 and asked.count(0) == len(asked) - 3
+    for _ in range(400):
+        p.checked(3, 3)
+    assert p.tokens(4, 1, gpu, 0.004) >= 2
 
 
 def test_guesses_stop_before_a_tool_call_opens():

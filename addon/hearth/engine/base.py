@@ -34,6 +34,7 @@ class Backend(Protocol):
     n_batch: int
     n_ubatch: int
     n_draft: int  # most tokens a draft model guesses at a time (0: no draft model)
+    draft_s: float  # what one guess costs, measured at load
 
     def now(self) -> float: ...
     def decode(self, tokens: list[int], pos: list[int], seqs: list[int],
@@ -85,6 +86,7 @@ class SampleAfterDecode:
     process's backend does both in one round trip."""
 
     n_draft = 0
+    draft_s = 0.0
 
     def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
                       outputs: list[bool], samples: list[tuple]) -> tuple[int, list[Any]]:
@@ -166,6 +168,9 @@ class EngineConfig:
     prefix_cache_kept_share: float = 0.5
     max_queue: int = 64
     min_prefill_chunk: int = 16
+    # "measured": a draft model guesses as many tokens as pay (engine.drafts); "always": as
+    # many as it may, every voice decode (to measure what drafting does).
+    draft_policy: str = "measured"
 
 
 

@@ -78,7 +78,8 @@ class EngineCore:
                              self._arrived)
         self.persister = Persister(backend, self.kv, self.has_work, self._arrived)
         self.jump = JumpForward(backend, self.stats, self.policy, self._append)
-        self.drafts = Drafts(backend, self.kv, self.stats, lambda: self.batcher.cost)
+        self.drafts = Drafts(backend, self.kv, self.stats, lambda: self.batcher.cost,
+                             self.cfg.draft_policy == "always")
         self.view = View(self)  # what other threads read: queue_state()
         self.view.publish()
 

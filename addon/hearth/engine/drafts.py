@@ -5,10 +5,13 @@ read out whole, so its last token is what the household waits for; the draft is 
 voice class only, where a draft model is set (``draft_model``).
 
 It pays where checking a few tokens costs little more than decoding one: on a GPU, not on a
-small CPU (measured: README, issue 30). So it drafts only as many tokens as pay, from what it
-measures as it serves (:class:`Payoff`): the share of guesses accepted, the draft's time a
-token and the decode's cost by batch size (the composer's cost model). Where none pays it
-drafts nothing, but for a probe now and then that keeps the measures current.
+small CPU (measured: README, issue 30). So it drafts only as many tokens as pay (the
+``measured`` policy, :class:`Payoff`), from the draft's cost a guess (measured by the worker at
+load), the decode's cost by batch size (the composer's cost model, measured as it serves) and
+the share of guesses accepted so far. Where none would pay even if every guess were accepted
+(a CPU) it never drafts, so a draft set there costs nothing but its memory; where more
+acceptance would make it pay, a one-token probe now and then keeps the share current. The
+``always`` policy drafts every voice decode, to measure what drafting does.
 
 What it must never change is the output: every token is still the model's own sample.
 Guessed tokens need KV cells and batch room only for the decode that checks them; the refused
@@ -26,62 +29,61 @@ from .base import Backend, BatchItem
 from .cost import CostModel
 from .kv import KVSpace
 
-# Guesses measured before the payoff decides: the first voice answer or two is drafted in
-# full (on a CPU where drafting does not pay, ~0.5 s lost once; 64 cost the first three).
-MEASURED_FIRST = 16
-# One eligible iteration in this many is drafted for (one token) while none pays.
+# While no guess pays at the share accepted so far but some would at a higher share, one
+# eligible iteration in this many is drafted for (one token), so the share is measured again.
 PROBE_EVERY = 50
 
 
+def best_guesses(k_max: int, batch: int, cost: CostModel, per_guess: float,
+                 accepted: float) -> int:
+    """The guesses (0 to ``k_max``) that make a drafted stream's time a token least beside a
+    batch of ``batch`` tokens: each guess accepted at rate ``accepted`` (after the one before
+    it was), ``k`` guesses give 1 + a + ... + a^k tokens a decode, for the draft's time for
+    ``k`` tokens and the decode's for ``k`` more positions."""
+    alone = cost.predict(batch)
+    best, best_s = 0, alone
+    for k in range(1, k_max + 1):
+        gained = sum(accepted ** j for j in range(k + 1))
+        # never below the batch alone: a bucket's fit may price one more token lower
+        s = (per_guess * k + max(alone, cost.predict(batch + k))) / gained
+        if s < best_s:
+            best, best_s = k, s
+    return best
+
+
 class Payoff:
-    """How many guesses pay, from measures: with each guess accepted at rate ``a`` (after the
-    one before it was), ``k`` guesses give 1 + a + ... + a^k tokens a decode; they cost the
-    draft's time for ``k`` tokens and the decode's for ``k`` more positions."""
+    """The share of guesses accepted, and from it how many to ask for."""
 
     def __init__(self) -> None:
         self.accepted = 0
         self.refused = 0  # runs cut short by a guess the model did not sample
-        self.guessed = 0
-        self.draft_s = 0.0
         self._since_probe = 0
-
-    def drafted(self, n: int, seconds: float) -> None:
-        self.guessed += n
-        self.draft_s += seconds
 
     def checked(self, offered: int, accepted: int) -> None:
         self.accepted += accepted
         self.refused += accepted < offered
 
-    def tokens(self, k_max: int, batch: int, cost: CostModel) -> int:
-        """The guesses to ask for beside a batch of ``batch`` tokens: the number that makes
-        the drafted stream's time a token least (0: none pays)."""
-        if self.guessed < MEASURED_FIRST:
-            return k_max
-        a = (self.accepted + 1) / (self.accepted + self.refused + 2)  # 1/2 before any check
-        per_guess = self.draft_s / self.guessed
-        alone = cost.predict(batch)
-        best, best_s = 0, alone
-        for k in range(1, k_max + 1):
-            gained = sum(a ** j for j in range(k + 1))
-            # never below the batch alone: a bucket's fit may price one more token lower
-            s = (per_guess * k + max(alone, cost.predict(batch + k))) / gained
-            if s < best_s:
-                best, best_s = k, s
-        if best == 0:
+    def rate(self) -> float:
+        return (self.accepted + 1) / (self.accepted + self.refused + 2)  # 1/2 at first
+
+    def tokens(self, k_max: int, batch: int, cost: CostModel, per_guess: float) -> int:
+        best = best_guesses(k_max, batch, cost, per_guess, self.rate())
+        if best == 0 and best_guesses(k_max, batch, cost, per_guess, 1.0) > 0:
             self._since_probe += 1
             if self._since_probe >= PROBE_EVERY:
-                self._since_probe, best = 0, 1
+                self._since_probe = 0
+                return 1
         return best
 
 
 class Drafts:
     def __init__(self, backend: Backend, kv: KVSpace, stats: Stats,
-                 cost: Callable[[], CostModel]):
+                 cost: Callable[[], CostModel], always: bool = False):
         self.b = backend
         self.kv = kv
         self.stats = stats
         self.cost = cost  # the composer's, which a new worker may replace
+        self.always = always
         self.payoff = Payoff()
 
     def attach(self, items: list[BatchItem]) -> None:
@@ -94,15 +96,15 @@ class Drafts:
             return
         r = it.req
         batch = sum(x.n for x in items)
+        if not self.always:
+            k_max = self.payoff.tokens(k_max, batch, self.cost(),
+                                       getattr(self.b, "draft_s", 0.0))
         cells = self.kv.pool.free_cells - sum(max(0, x.n - x.req.reserved) for x in items)
-        limit = min(self.payoff.tokens(k_max, batch, self.cost()), cells,
-                    self.b.n_batch - batch, r.max_tokens - r.n_generated - 1,
+        limit = min(k_max, cells, self.b.n_batch - batch, r.max_tokens - r.n_generated - 1,
                     self.b.n_ctx_seq - len(r.tokens) - 1)
         if limit <= 0 or (r.forcer is not None and not r.forcer.quiet("")):
             return  # inside a tool call, jump-forward writes what is fixed
-        t0 = self.b.now()
         it.draft = self._unforced(r, self.b.draft(r.tokens, limit)[:limit])
-        self.payoff.drafted(len(it.draft), self.b.now() - t0)
         self.stats.drafted_tokens += len(it.draft)
 
     def _unforced(self, r: Request, guessed: list[int]) -> list[int]:

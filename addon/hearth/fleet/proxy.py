@@ -55,6 +55,7 @@ class ProcessBackend:
         self._embed_limits = tuple(info["embed_limits"])
         self._embed_pieces = bool(info.get("embed_pieces"))
         self.n_draft = int(info.get("n_draft", 0))
+        self.draft_s = float(info.get("draft_s", 0.0))  # one guess, as the worker measured
 
     def check(self) -> None:
         """Raise WorkerLost if the worker died while the engine was idle."""

@@ -62,6 +62,10 @@ class Runner:
         if b.decode([token], [0], [0], [True]) != 0:
             raise RuntimeError("the canary decode failed")
         b.seq_rm(0)
+        draft_s = self.drafter.calibrate(token) if self.drafter else 0.0
+        if self.drafter:
+            log.info("draft model %s: a guess costs %.1f ms", self.drafter.model.path.name,
+                     1000 * draft_s)
         specials = model.special_tokens()
         self.eng.send(("ready", {
             "pid": os.getpid(), "rung": rung, "cpu_variant": cpu_variant(), "rungs": rungs,
@@ -72,7 +76,8 @@ class Runner:
             "n_vocab": model.n_vocab, "n_ctx_train": model.n_ctx_train,
             "chat_template": model.chat_template(), "specials": specials,
             "architecture": model.meta("general.architecture"), "canary_token": token,
-            "n_draft": cfg.get("draft_tokens", 0) if self.drafter else 0}))
+            "n_draft": cfg.get("draft_tokens", 0) if self.drafter else 0,
+            "draft_s": draft_s}))
 
     def _drafter(self, model: Model, rung: str) -> Drafter | None:
         """The draft model, where one is set and can draft for this model; else None (a
