@@ -18,7 +18,7 @@ from .engine.arbiter import Arbiter
 from .engine.base import WorkerLost
 from .fleet.proxy import Boundary, ModelProxy, ProcessBackend
 from .fleet.supervisor import BACKOFF_S, CRASHED_TWICE, STRIKES, Supervisor
-from .models import resolve
+from .models import ModelNotFound, resolve
 from .prefix_store import PrefixStore
 from .prompts import ChatFormatter
 from .redact import redact
@@ -162,7 +162,13 @@ class Runtime:
 
     def _worker_cfg(self, path: Path, embed_path: Path | None) -> dict[str, Any]:
         s = self.settings
-        draft = resolve(s.draft_model, s.models_dir) if s.draft_model else None
+        draft = None
+        if s.draft_model:
+            try:
+                draft = resolve(s.draft_model, s.models_dir)
+            except ModelNotFound as e:  # the model serves without it
+                log.warning("draft model %s not found (%s); serving without a draft",
+                            s.draft_model, e)
         return {"model": str(path), "embedding_model": str(embed_path) if embed_path else "",
                 "draft_model": str(draft) if draft else "", "draft_tokens": s.draft_tokens,
                 "n_gpu_layers": s.n_gpu_layers, "use_mmap": s.use_mmap, "verbose": s.verbose,

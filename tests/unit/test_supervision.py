@@ -43,6 +43,13 @@ def test_a_death_while_sampling_suspects_only_the_request_being_sampled():
     assert waiting.finish_reason == "length"
 
 
+def test_a_death_in_the_draft_model_suspects_only_the_stream_drafted_for():
+    core, _, running, _ = busy_core()
+    _, suspects = core.worker_lost(WorkerLost("SIGSEGV", signal=11, during="draft",
+                                              blame=running[0].sampler))
+    assert suspects == [running[0]]
+
+
 def test_a_death_inside_the_decode_suspects_the_batch_and_a_kill_from_outside_no_one():
     core, _, running, _ = busy_core()
     _, suspects = core.worker_lost(WorkerLost("SIGABRT", signal=6, during="decode_sample"))

@@ -227,7 +227,7 @@ class Admitter:
         """llama_decode found no KV slot although the accounting said the batch fits (it should
         not happen: the pool may fragment differently): give up cached prefixes, then the
         lowest-class, newest running sequence. Nothing of this batch was kept by llama.cpp."""
-        needed = sum(it.n for it in items)
+        needed = sum(it.n + len(it.draft) for it in items)
         log.warning("llama_decode found no room for a batch of %d tokens with %d cells "
                     "counted free", needed, self.kv.pool.free_cells)
         self._dirty = True

@@ -44,8 +44,9 @@ class Backend(Protocol):
     def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
                       outputs: list[bool], samples: list[tuple]
                       ) -> tuple[int, list[Any]]: ...
-    # The draft model's guess at the next tokens after ``tokens`` (at most ``k``).
-    def draft(self, tokens: list[int], k: int) -> list[int]: ...
+    # The draft model's guess at the next tokens after ``tokens`` (at most ``k``), for the
+    # stream sampled with ``sampler`` (blamed if the draft kills the worker).
+    def draft(self, tokens: list[int], k: int, sampler: Any = None) -> list[int]: ...
     def new_sampler(self, p: SamplingParams) -> Any: ...
     def sample(self, sampler: Any, i: int) -> int: ...
     def free_sampler(self, sampler: Any) -> None: ...
@@ -102,7 +103,7 @@ class SampleAfterDecode:
                 out.append(self.sample(s, i))  # type: ignore[attr-defined]
         return status, out
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
+    def draft(self, tokens: list[int], k: int, sampler: Any = None) -> list[int]:
         return []
 
 

@@ -340,19 +340,34 @@ class EngineCore:
             out = next(next_token) if it.output else -1
             if r.finished:
                 continue
-            n = self.drafts.checked(it, out) if it.draft else it.n
-            r.n_past += n
-            self.kv.computed(r, n)
+            if it.draft:
+                generated += self._drafted_run(it, out, now)
+                continue
+            r.n_past += it.n
+            self.kv.computed(r, it.n)
             if not (it.n == 1 and it.output):
                 prompt_done += it.n
                 r.prefilled_tokens += it.n
-            self._charge_computed(r, it.start, n, now)
-            for tok in (out if it.draft else [out] if it.output else []):
+            self._charge_computed(r, it.start, it.n, now)
+            if it.output:
                 generated += 1
-                self._on_token(r, tok, now)
-                if r.finished:
-                    break
+                self._on_token(r, out, now)
         self.stats.record_tokens(now, generated, prompt_done)
+
+    def _drafted_run(self, it: BatchItem, run: list[int], now: float) -> int:
+        """A voice stream's decode checked guesses and gave it ``run``: each token counted in
+        the KV cache as it goes out, so one that ends the stream part-way (a stop string)
+        leaves no cell counted past it (the cells are cleared as it ends). Returns the tokens
+        that went out."""
+        r = it.req
+        self.drafts.checked(it, run)  # the refused guesses' cells freed
+        for n, tok in enumerate(run, 1):
+            r.n_past += 1  # the position before it: the decode token, then each guess taken
+            self.kv.computed(r, 1)
+            self._on_token(r, tok, now)
+            if r.finished:
+                return n
+        return len(run)
 
     def _charge_computed(self, r: Request, start: int, n: int, now: float) -> None:
         """Positions ``start``.. ``start + n`` of ``r`` were computed: its member pays for those

@@ -21,6 +21,7 @@ two streams never take turns evicting each other from it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from ..requests import Request
@@ -28,6 +29,8 @@ from ..stats import Stats
 from .base import Backend, BatchItem
 from .cost import CostModel
 from .kv import KVSpace
+
+log = logging.getLogger("hearth.engine")
 
 # While no guess pays at the share accepted so far but some would at a higher share, one
 # eligible iteration in this many is drafted for (one token), so the share is measured again.
@@ -104,7 +107,12 @@ class Drafts:
                     self.b.n_ctx_seq - len(r.tokens) - 1)
         if limit <= 0 or (r.forcer is not None and not r.forcer.quiet("")):
             return  # inside a tool call, jump-forward writes what is fixed
-        it.draft = self._unforced(r, self.b.draft(r.tokens, limit)[:limit])
+        try:
+            guessed = self.b.draft(r.tokens, limit, r.sampler)[:limit]
+        except Exception as e:  # the draft's fault, not the stream's: it goes undrafted
+            log.warning("the draft model failed (%s): this decode goes without it", e)
+            return
+        it.draft = self._unforced(r, guessed)
         self.stats.drafted_tokens += len(it.draft)
 
     def _unforced(self, r: Request, guessed: list[int]) -> list[int]:
@@ -120,12 +128,11 @@ class Drafts:
                 return guessed[:n]
         return guessed
 
-    def checked(self, it: BatchItem, run: list[int]) -> int:
+    def checked(self, it: BatchItem, run: list[int]) -> None:
         """``it``'s decode checked its guesses and its stream got ``run``: the cells of the
-        guesses refused are freed. Returns the positions now in the KV cache."""
+        guesses refused are freed."""
         accepted = len(run) - 1
         self.stats.accepted_drafts += accepted
         self.payoff.checked(len(it.draft), accepted)
         if accepted < len(it.draft):
             self.b.seq_rm(it.req.seq_id, it.start + 1 + accepted, -1)  # type: ignore[arg-type]
-        return 1 + accepted

@@ -93,6 +93,9 @@ class KVSpace:
     def keep(self, r: Request) -> None:
         """A sequence leaves the running set with its computed cells kept as a cached prefix
         (a preempted one's to resume from, ``resume``, while it has not finished)."""
+        # cells past the counted ones go: a drafted stream that ended part-way through the
+        # guesses its decode took (engine.drafts)
+        self.b.seq_rm(r.seq_id, r.n_past, -1)  # type: ignore[arg-type]
         own = r.n_past - r.shared_len
         self.pool.release_cells(own)
         self.pool.unreserve(r.reserved)

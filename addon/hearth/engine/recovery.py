@@ -113,7 +113,7 @@ class Recovery:
             suspects = []
         elif why.during == "new_sampler" and admitting is not None:
             suspects = [admitting]
-        elif why.during == "decode_sample" and why.blame:
+        elif why.during in ("decode_sample", "draft") and why.blame:
             suspects = [r for r in self.running if r.sampler == why.blame] or computing
         else:
             suspects = computing

@@ -83,8 +83,8 @@ class ProcessBackend:
         return status, [self._learn(x) if isinstance(x, list) else self._learn([x])[0]
                         for x in out]
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
-        return self._learn(self._call("draft", tokens, k))
+    def draft(self, tokens: list[int], k: int, sampler: Any = None) -> list[int]:
+        return self._learn(self._call("draft", tokens, k, sampler or 0))
 
     def _learn(self, out: list[tuple[int, bool, bytes]]) -> list[int]:
         """Tokens a worker sent with their text and end-of-generation flag: those kept for

@@ -18,7 +18,7 @@ from typing import Any
 from ..backend import LlamaBackend
 from ..drafting import Drafter, same_vocabulary
 from ..engine.base import sample_run
-from ..llama_adapter import ContextParams, Model
+from ..llama_adapter import ContextParams, LlamaError, Model
 from ..llama_backends import NO_EXTRA, backend_names, cpu_rungs, cpu_variant, init_backend
 from ..llama_sampling import Sampler, check_grammar
 from ..runtime import unservable
@@ -85,8 +85,12 @@ class Runner:
         cfg = self.cfg
         if not cfg.get("draft_model") or cfg.get("draft_tokens", 0) <= 0:
             return None
-        draft = Model(cfg["draft_model"], n_gpu_layers=cfg["n_gpu_layers"],
-                      use_mmap=cfg["use_mmap"], extra_buffers=not rung.endswith(NO_EXTRA))
+        try:
+            draft = Model(cfg["draft_model"], n_gpu_layers=cfg["n_gpu_layers"],
+                          use_mmap=cfg["use_mmap"], extra_buffers=not rung.endswith(NO_EXTRA))
+        except LlamaError as e:
+            log.warning("the draft model cannot be loaded (%s); serving without a draft", e)
+            return None
         if why := same_vocabulary(model, draft):
             log.warning("%s cannot draft for %s: %s; serving without a draft",
                         draft.path.name, model.path.name, why)
@@ -157,10 +161,14 @@ class Runner:
         self.abort.blame = 0
         return status, out, time.perf_counter() - t0  # the server subtracts it from its wait
 
-    def op_draft(self, tokens: list[int], k: int) -> list[tuple[int, bool, bytes]]:
+    def op_draft(self, tokens: list[int], k: int, sid: int = 0
+                 ) -> list[tuple[int, bool, bytes]]:
         if self.drafter is None:
             return []
-        return [self._described(tok) for tok in self.drafter.draft(tokens, k)]
+        self.abort.blame = sid  # a crash in the draft is charged to the stream drafted for
+        guessed = self.drafter.draft(tokens, k)
+        self.abort.blame = 0
+        return [self._described(tok) for tok in guessed]
 
     def op_force(self, sid: int, text: str, limit: int) -> list[tuple[int, bool, bytes]]:
         self.abort.blame = sid  # a crash in the grammar is this request's
