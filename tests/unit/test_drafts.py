@@ -210,3 +210,17 @@ class _Failing(_Pieces):
 
 def test_a_failing_draft_leaves_the_stream_undrafted():
     assert _drafted(_Failing({}, []), None) == []
+
+
+def test_guesses_deep_in_a_long_context_pay_less():
+    """Each guess attends every position before it: on a device where attention is what a
+    decode costs at depth, guesses that pay early in a sequence do not 20,000 tokens in."""
+    gpu = CostModel()
+    for _ in range(4):
+        for n in range(1, 9):
+            for start in (0, 4000, 16000):
+                att = n * start + n * (n + 1) // 2
+                gpu.observe(n, 0.010 + 0.0002 * n + 2e-7 * att, att)
+    shallow = best_guesses(4, 1, gpu, 0.002, 0.6, attended=11, start=10)
+    deep = best_guesses(4, 1, gpu, 0.002, 0.6, attended=20_001, start=20_000)
+    assert shallow >= 1 and deep < shallow, (shallow, deep)

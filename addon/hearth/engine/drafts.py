@@ -27,7 +27,7 @@ from collections.abc import Callable
 from ..requests import Request
 from ..stats import Stats
 from .base import Backend, BatchItem
-from .cost import CostModel
+from .cost import CostModel, attention
 from .kv import KVSpace
 
 log = logging.getLogger("hearth.engine")
@@ -38,17 +38,19 @@ PROBE_EVERY = 50
 
 
 def best_guesses(k_max: int, batch: int, cost: CostModel, per_guess: float,
-                 accepted: float) -> int:
+                 accepted: float, attended: int = 0, start: int = 0) -> int:
     """The guesses (0 to ``k_max``) that make a drafted stream's time a token least beside a
-    batch of ``batch`` tokens: each guess accepted at rate ``accepted`` (after the one before
-    it was), ``k`` guesses give 1 + a + ... + a^k tokens a decode, for the draft's time for
-    ``k`` tokens and the decode's for ``k`` more positions."""
-    alone = cost.predict(batch)
+    batch of ``batch`` tokens attending ``attended`` positions, for a stream whose decode
+    token is at ``start``: each guess accepted at rate ``accepted`` (after the one before it
+    was), ``k`` guesses give 1 + a + ... + a^k tokens a decode, for the draft's time for
+    ``k`` tokens and the decode's for ``k`` more positions, each attending all before it."""
+    alone = cost.predict(batch, attended)
     best, best_s = 0, alone
     for k in range(1, k_max + 1):
         gained = sum(accepted ** j for j in range(k + 1))
+        checked = cost.predict(batch + k, attended + attention(k, start + 1))
         # never below the batch alone: a bucket's fit may price one more token lower
-        s = (per_guess * k + max(alone, cost.predict(batch + k))) / gained
+        s = (per_guess * k + max(alone, checked)) / gained
         if s < best_s:
             best, best_s = k, s
     return best
@@ -69,9 +71,11 @@ class Payoff:
     def rate(self) -> float:
         return (self.accepted + 1) / (self.accepted + self.refused + 2)  # 1/2 at first
 
-    def tokens(self, k_max: int, batch: int, cost: CostModel, per_guess: float) -> int:
-        best = best_guesses(k_max, batch, cost, per_guess, self.rate())
-        if best == 0 and best_guesses(k_max, batch, cost, per_guess, 1.0) > 0:
+    def tokens(self, k_max: int, batch: int, cost: CostModel, per_guess: float,
+               attended: int = 0, start: int = 0) -> int:
+        best = best_guesses(k_max, batch, cost, per_guess, self.rate(), attended, start)
+        if best == 0 and best_guesses(k_max, batch, cost, per_guess, 1.0, attended,
+                                      start) > 0:
             self._since_probe += 1
             if self._since_probe >= PROBE_EVERY:
                 self._since_probe = 0
@@ -100,8 +104,8 @@ class Drafts:
         r = it.req
         batch = sum(x.n for x in items)
         if not self.always:
-            k_max = self.payoff.tokens(k_max, batch, self.cost(),
-                                       getattr(self.b, "draft_s", 0.0))
+            k_max = self.payoff.tokens(k_max, batch, self.cost(), getattr(self.b, "draft_s", 0.0),
+                                       sum(attention(x.n, x.start) for x in items), it.start)
         cells = self.kv.pool.free_cells - sum(max(0, x.n - x.req.reserved) for x in items)
         limit = min(k_max, cells, self.b.n_batch - batch, r.max_tokens - r.n_generated - 1,
                     self.b.n_ctx_seq - len(r.tokens) - 1)
