@@ -44,17 +44,23 @@ QUESTIONS = ["What is the capital of France?", "Tell me a short fact about the m
              "What should I wear when it is raining?", "Why is the sky blue?"]
 
 
-def ask(url: str, question: str) -> dict:
+def _chat(url: str, question: str, **extra) -> tuple[dict, float]:
+    """One voice-sized question, greedy: the answer and its end-to-end seconds."""
     body = {"messages": [{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": question}],
-            "max_tokens": 80, "temperature": 0}
+            "max_tokens": 80, "temperature": 0, **extra}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     t0 = time.monotonic()
     with urllib.request.urlopen(req, timeout=600) as r:
         out = json.load(r)
+    return out, time.monotonic() - t0
+
+
+def ask(url: str, question: str) -> dict:
+    out, e2e = _chat(url, question)
     timings = out.get("timings", {})
-    return {"e2e_s": time.monotonic() - t0, "tokens": out["usage"]["completion_tokens"],
+    return {"e2e_s": e2e, "tokens": out["usage"]["completion_tokens"],
             "decode_tok_s": timings.get("predicted_per_second"),
             "drafted": timings.get("draft_n", 0), "accepted": timings.get("draft_n_accepted", 0),
             "text": out["choices"][0]["message"]["content"]}
@@ -71,16 +77,8 @@ def drafts(url: str) -> tuple[float, float]:
 
 def ask_hearth(url: str, question: str) -> dict:
     """One voice question to Hearth, as :func:`ask` asks llama-server."""
-    body = {"messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": question}],
-            "max_tokens": 80, "temperature": 0, "priority": "voice"}
-    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
     before = drafts(url)
-    t0 = time.monotonic()
-    with urllib.request.urlopen(req, timeout=600) as r:
-        out = json.load(r)
-    e2e = time.monotonic() - t0
+    out, e2e = _chat(url, question, priority="voice")
     after = drafts(url)
     n, timing = out["usage"]["completion_tokens"], out.get("hearth", {})
     decoding = (timing.get("e2e_ms", 0) - timing.get("ttft_ms", 0)) / 1000

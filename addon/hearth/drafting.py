@@ -50,8 +50,7 @@ class Drafter:
         for pos in range(rounds):
             t0 = time.perf_counter()
             self.ctx.decode([token], [pos], [0], [True])
-            self.model.is_eog(int(np.ctypeslib.as_array(
-                self.ctx.logits(-1), shape=(self.model.n_vocab,)).argmax()))
+            self.model.is_eog(self._greedy())  # as a guess in draft() costs
             times.append(time.perf_counter() - t0)
         self.ctx.seq_rm(0, 0, -1)
         self.held = []
@@ -66,13 +65,17 @@ class Drafter:
             return []
         out: list[int] = []
         while True:
-            tok = int(np.ctypeslib.as_array(self.ctx.logits(-1),
-                                            shape=(self.model.n_vocab,)).argmax())
+            tok = self._greedy()
             if self.model.is_eog(tok):
                 return out
             out.append(tok)
             if len(out) == k or not self._feed([tok], True):
                 return out
+
+    def _greedy(self) -> int:
+        """The most likely token after the last decode's last output."""
+        return int(np.ctypeslib.as_array(self.ctx.logits(-1),
+                                         shape=(self.model.n_vocab,)).argmax())
 
     def _catch_up(self, tokens: list[int]) -> bool:
         """Compute ``tokens`` in the draft's cache up to the last, whose logits come out:
