@@ -23,6 +23,7 @@ from ..llama_backends import NO_EXTRA, backend_names, cpu_rungs, cpu_variant, in
 from ..llama_sampling import Sampler, check_grammar
 from ..runtime import unservable
 from . import faults
+from .low_priority import LowPriorityThread
 from .protocol import AbortFlag
 
 log = logging.getLogger("hearth.worker")
@@ -35,6 +36,9 @@ class Runner:
         self.poisoned: set[int] = set()  # test faults only
         self._next_sampler = 0
         self._svc_lock = threading.Lock()
+        # The load phase's thread at the lowest CPU priority, when the server asked for one
+        # (cfg load_priority "low"); engine calls go through it until op_normal_priority.
+        self.low = LowPriorityThread() if cfg.get("load_priority") == "low" else None
 
     # -- start ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -107,15 +111,27 @@ class Runner:
             except (EOFError, OSError):
                 return  # the server is gone
             try:
-                for d in deferred:
-                    getattr(self, "op_" + d[0])(*d[1:])
                 if op == "exit":
+                    self._apply(deferred, "sync", ())
                     self.eng.send(("ok", None))
                     return
-                reply = ("ok", getattr(self, "op_" + op)(*args))
+                reply = ("ok", self.low.call(self._apply, deferred, op, args) if self.low
+                         else self._apply(deferred, op, args))
             except Exception as e:  # the request's or the call's fault: the server decides
                 reply = ("err", f"{type(e).__name__}: {e}")
             self.eng.send(reply)
+
+    def _apply(self, deferred: list[tuple], op: str, args: tuple) -> Any:
+        for d in deferred:
+            getattr(self, "op_" + d[0])(*d[1:])
+        return getattr(self, "op_" + op)(*args)
+
+    def op_normal_priority(self) -> None:
+        """The load is over (or a voice or chat request waits for this model): the next
+        calls run in the main thread, at the worker's own priority."""
+        if self.low is not None:
+            self.low.close()
+            self.low = None
 
     def op_seq_rm(self, seq: int, p0: int, p1: int) -> None:
         self.b.seq_rm(seq, p0, p1)
@@ -244,7 +260,7 @@ def main(argv: list[str]) -> int:
     runner = Runner(engine, service, engine.recv())
     t0 = time.monotonic()
     try:
-        runner.load()
+        runner.low.call(runner.load) if runner.low else runner.load()
     except Exception as e:  # not a crash: the server reports it and does not restart
         engine.send(("failed", str(e)))
         return 0
