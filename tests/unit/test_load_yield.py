@@ -4,6 +4,7 @@ stand-in worker; the worker's lowest-priority thread, read from /proc."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -64,7 +65,7 @@ def test_endless_voice_pauses_a_load_at_most_its_share_and_then_not_at_all():
     paused = [t for t, p in steps if p]
     # Every pause lasts max_pause_s at most, and min_run_s of running follows it.
     runs = [t for t, p in steps if not p]
-    assert runs and all(b - a <= rule.max_pause_s + 0.011 for a, b in zip(runs, runs[1:]))
+    assert runs and all(b - a <= rule.max_pause_s + 0.011 for a, b in itertools.pairwise(runs))
     window = [p for t, p in steps if t < 10.0]
     assert sum(window) / len(window) <= rule.max_pause_share + 0.01
     # After boost_after_s paused in all, it is boosted: it runs, and pauses no more.
@@ -238,3 +239,35 @@ def test_the_low_priority_thread_is_idle_class_and_ends_when_closed():
     low.close()
     low.thread.join(timeout=10)
     assert not low.thread.is_alive()
+
+
+# -- what the fleet gives the turn --------------------------------------------------------
+def test_the_fleet_gives_a_load_its_waiters_and_the_other_models_work():
+    from types import SimpleNamespace as NS
+
+    from hearth.fleet.load_priority import turn_for
+    from hearth.policy.arbitration import Arbitration
+
+    def core(*ranks: int) -> NS:
+        return NS(running=[NS(rank=r) for r in ranks], waiting=[], embed_waiting=[], _inbox=[])
+
+    def model(state: str, core_: NS | None, remote: bool = False) -> NS:
+        return NS(remote=remote, waiting_ranks=[], rt=NS(state=state, core=core_))
+
+    loading = model("loading", None)
+    workers = {"gemma": loading, "small": model("ready", core(BACKGROUND, VOICE)),
+               "other": model("unloading", core(VOICE)), "far": model("ready", core(CHAT), True)}
+    fleet = NS(arbiter=NS(rule=Arbitration()), workers=workers,
+               settings=NS(worker_watchdog_s=120.0))
+    t = turn_for(fleet, loading)
+    assert t is not None and t.low and t.rule.max_pause_s == LoadYield().max_pause_s
+    assert t.others() == [VOICE]  # serving models only, here on this machine
+    assert t.own() == IDLE_RANK
+    loading.waiting_ranks += [BACKGROUND, CHAT]
+    assert t.own() == CHAT
+    assert turn_for(NS(**{**vars(fleet), "arbiter": None}), loading) is None  # one model
+    off = NS(**{**vars(fleet), "arbiter": NS(rule=Arbitration(enabled=False))})
+    assert turn_for(off, loading) is None
+    # A short watchdog shortens the pauses: a call is never killed for a pause.
+    short = NS(**{**vars(fleet), "settings": NS(worker_watchdog_s=2.0)})
+    assert turn_for(short, loading).rule.max_pause_s == 0.5

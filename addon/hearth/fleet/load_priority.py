@@ -12,6 +12,7 @@ nothing the server needs meanwhile. A stopped worker is continued before anythin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -109,10 +110,8 @@ class LoadTurn:
 
     @staticmethod
     def _signal(worker: Any, sig: int) -> None:
-        try:
-            worker.proc.send_signal(sig)  # a no-op for a worker already gone and reaped
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # gone: a no-op once reaped, else ESRCH
+            worker.proc.send_signal(sig)
 
     def report(self) -> dict[str, Any]:
         now = time.monotonic()
