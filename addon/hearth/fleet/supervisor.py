@@ -11,6 +11,7 @@ import logging
 import signal
 import threading
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +193,18 @@ class Supervisor:
 
     # -- the rungs that crashed here, across server restarts ------------------------------------
     def _key(self) -> str:
+        """This CPU and this llama.cpp build: an update of llama-cpp-python (whose kernels may
+        no longer crash here) tries the best rung again."""
         try:
             with open("/proc/cpuinfo") as f:
                 flags = next((line for line in f if line.startswith("flags")), "")
         except OSError:
             flags = ""
-        return hashlib.sha256(flags.encode()).hexdigest()[:16]
+        try:
+            build = metadata.version("llama-cpp-python")
+        except metadata.PackageNotFoundError:
+            build = ""
+        return hashlib.sha256(f"{flags}|{build}".encode()).hexdigest()[:16]
 
     def _load_skip(self) -> None:
         try:
