@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hearth.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "addon" / "DOCS.md"]
 RESULTS = ROOT / "bench" / "results"
@@ -165,3 +167,14 @@ def test_each_kept_run_says_how_it_was_run():
         if not any("Command" in t and "Machine" in t for t in texts):
             silent.append(folder.name)
     assert not silent, f"no command and machine (README.md or table header): {silent}"
+
+
+def test_configuration_reference_lists_every_setting():
+    """docs/configuration.md has a row per setting, with its flag and environment variable."""
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", page, re.M)}
+    missing = sorted(set(Settings.model_fields) - set(rows))
+    assert not missing, f"docs/configuration.md lacks {missing}"
+    for name in Settings.model_fields:
+        flag, env = f"`--{name.replace('_', '-')}`", f"`HEARTH_{name.upper()}`"
+        assert flag in rows[name] and env in rows[name], rows[name]
