@@ -1,13 +1,14 @@
 """llama.cpp's backends (part of the thin adapter): initialising them once, choosing the CPU
 variant a worker runs, and naming what is in use.
 
-A build with GGML_BACKEND_DL (the add-on image) carries the CPU backend as one library per
-instruction-set level and picks the best this CPU reports. A CPU can report more than it runs:
-llama.cpp's AMX kernel dies with SIGILL on some VMs that report AMX. So a worker may be told to
-skip rungs of a ladder (:func:`cpu_rungs`): the best variant; the same without llama.cpp's extra
-buffer types (AMX and repacked weights, the only way into the AMX kernel); then each lower
-variant without them. A native build (the dev set-up) has one variant, ``native``, and so the
-first two rungs.
+A build with GGML_BACKEND_DL (the add-on image, and the dev set-up's wheel) carries the CPU
+backend as one library per instruction-set level and picks the best this CPU reports. A CPU can
+report more than it runs: llama.cpp's AMX kernel dies on some VMs that report AMX. So a worker
+may be told to skip rungs of a ladder (:func:`cpu_rungs`), each dropping as little as it can:
+the best variant; the next variant down with its extra buffer types (repacked weights: a third
+of the speed) kept, which leaves only AMX behind (only the best x86 variant has it); then the
+best and each lower variant without extra buffers. A native build has one variant, ``native``,
+and so two rungs: with and without extra buffers.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from pathlib import Path
 
 import llama_cpp as L
 
+from .cpu_ladder import NO_EXTRA as NO_EXTRA  # the worker names rungs with it
+from .cpu_ladder import extra_buffers as extra_buffers
+from .cpu_ladder import ladder, rung_variant
+
 log = logging.getLogger(__name__)
 
-NO_EXTRA = "+no-repack"  # a rung's suffix: llama.cpp's extra buffer types (AMX, repack) off
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -68,8 +72,7 @@ def cpu_variants() -> list[tuple[str, Path]]:
 
 def cpu_rungs() -> list[str]:
     """The ladder a worker walks down after a crash at start or an illegal instruction."""
-    names = [n for n, _ in cpu_variants()] or ["native"]
-    return [names[0], *(n + NO_EXTRA for n in names)]
+    return ladder([n for n, _ in cpu_variants()] or ["native"])
 
 
 def init_backend(verbose: bool = False, rung: str | None = None) -> None:
@@ -87,7 +90,7 @@ def init_backend(verbose: bool = False, rung: str | None = None) -> None:
                 return None
         _log_callback = L.llama_log_callback(forward)
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        _load_dynamic_backends(rung.removesuffix(NO_EXTRA) if rung else None)
+        _load_dynamic_backends(rung_variant(rung) if rung else None)
         L.llama_backend_init()
         _initialised = True
 

@@ -86,7 +86,9 @@ async def health(request: web.Request) -> web.Response:
         if (sup := getattr(primary, "supervisor", None)) is not None:  # its llama.cpp's CPU
             report = sup.report()
             body["cpu"] = {"variant": report["cpu_variant"], "rung": report["cpu_rung"],
-                           "rungs_skipped": report["rungs_skipped"]}
+                           "rungs_skipped": report["rungs_skipped"],
+                           # serving one rung down is ready, with why and what it costs
+                           "step_down": report["step_down"]}
         if why := fleet.degraded():  # still answering: requests wait for the worker's restart
             body.update(status="degraded", reason=why)
     if fleet.error:

@@ -31,7 +31,7 @@ from .const import (
     QUEUE_EVENTS_FEATURE,
     QUEUE_POLL_INTERVAL,
 )
-from .issues import async_check_models
+from .issues import async_check_models, async_check_step_downs
 from .worker import failed_workers
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class HearthQueueCoordinator(DataUpdateCoordinator[dict[str, Any]]):
         """What every new document is checked for, pushed or polled."""
         self._warn_failed_workers(data)
         async_check_models(self.hass, self.config_entry, self.client.url, data)
+        async_check_step_downs(self.hass, self.config_entry, data)
 
     @callback
     def async_start(self) -> None:

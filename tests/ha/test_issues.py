@@ -74,3 +74,44 @@ async def test_no_issue_without_a_model_list(
         hass, fake_hearth.url, conversation={**CONVERSATION_OPTIONS, CONF_MODEL: "big"}
     )
     assert _issues(hass) == {}
+
+
+STEP = {
+    "from": "sapphirerapids", "to": "zen4", "skipped": ["sapphirerapids"],
+    "why": "SIGSEGV: a segmentation fault",
+    "cost": "llama.cpp runs its zen4 kernels instead of sapphirerapids: repacked weights are kept",
+}
+
+
+async def test_a_model_served_one_cpu_rung_down_raises_a_warning_with_its_cost(
+    hass: HomeAssistant, fake_hearth: FakeHearth
+) -> None:
+    """A worker that stepped down the CPU ladder: one warning for that model saying where it
+    serves, why and what it costs; withdrawn once it serves on the top rung, and with the
+    entry; a model on its top rung raises none."""
+    fake_hearth.queue["models"] = {
+        "small": {**SMALL, "worker": {"state": "serving", "step_down": STEP}},
+        "big": {**BIG, "worker": {"state": "serving", "step_down": None}},
+    }
+    entry = await async_setup_hearth(hass, fake_hearth.url, conversation=CONVERSATION_OPTIONS)
+    [(issue_id, issue)] = _issues(hass).items()
+    assert issue_id.startswith("cpu_step_down_") and issue_id.endswith("_small")
+    assert issue.severity is ir.IssueSeverity.WARNING
+    assert issue.translation_key == "cpu_step_down"
+    placeholders = issue.translation_placeholders
+    assert (placeholders["model"], placeholders["best"], placeholders["rung"]) == (
+        "small", "sapphirerapids", "zen4"
+    )
+    assert placeholders["why"].startswith("SIGSEGV")
+    assert "repacked weights are kept" in placeholders["cost"]
+
+    fake_hearth.queue["models"]["small"]["worker"]["step_down"] = None
+    await _poll(hass, entry)
+    assert _issues(hass) == {}
+
+    fake_hearth.queue["models"]["small"]["worker"]["step_down"] = STEP
+    await _poll(hass, entry)
+    assert list(_issues(hass)) == [issue_id]
+    assert await hass.config_entries.async_remove(entry.entry_id)
+    await hass.async_block_till_done()
+    assert _issues(hass) == {}

@@ -3,8 +3,8 @@ worker that dies (SIGKILL, SIGSEGV, an illegal instruction at its canary, a requ
 it every time) costs the requests in flight in it and a few seconds, never the server.
 
 One server for the module, started with two test faults (hearth.runner.faults): its canary
-dies with SIGILL on the first CPU rung, as llama.cpp's AMX kernel does on CPUs that report
-AMX they cannot run; and sampling for a grammar that names ``HEARTH_POISON`` segfaults.
+dies with SIGILL on the first CPU rung (the best variant), as llama.cpp's AMX kernel does on CPUs
+that report AMX they cannot run; and sampling for a grammar that names ``HEARTH_POISON`` segfaults.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import urllib.request
 import pytest
 from hearth_server import HearthServer
 
+from hearth.llama_backends import cpu_rungs
+
 pytestmark = pytest.mark.model
 
 POISON = "HEARTH_POISON"
-FAULTS = f"sigill-at-canary:native,segv-on-grammar:{POISON}"
+RUNGS = cpu_rungs()  # scores the CPU variants' libraries; runs none of their kernels
+FAULTS = f"sigill-at-canary:{RUNGS[0]},segv-on-grammar:{POISON}"
 CRASHED_TWICE = "the model's worker crashed on this request twice"
 
 
@@ -81,11 +84,17 @@ class HealthWatch:
 def test_a_cpu_that_lies_at_the_canary_moves_down_a_rung_and_serves(crashy):
     status, health = crashy.get("/health")
     assert status == 200
-    assert health["cpu"]["rung"] == "native+no-repack"  # llama.cpp's extra buffers off
-    assert health["cpu"]["rungs_skipped"] == ["native"]
+    # Ready one rung down (the next variant with its repacked weights, or on a build with one
+    # variant the same without them), saying why and what it costs: not degraded.
+    assert health["status"] == "ready", health
+    assert health["cpu"]["rung"] == RUNGS[1]
+    assert health["cpu"]["rungs_skipped"] == [RUNGS[0]]
+    step = health["cpu"]["step_down"]
+    assert step["from"] == RUNGS[0] and step["to"] == RUNGS[1] and step["why"].startswith("SIGILL")
+    assert "repacked weights" in step["cost"]
     w = worker(crashy)
     assert w["last_crash"]["cause"].startswith("SIGILL")
-    assert w["last_crash"]["rung"] == "native"
+    assert w["last_crash"]["rung"] == RUNGS[0] and w["step_down"] == step
     status, out = crashy.post("/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
     assert status == 200 and out["choices"][0]["message"]["content"]

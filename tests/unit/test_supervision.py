@@ -4,6 +4,9 @@ suspected twice (the real processes: tests/server/test_worker_crashes.py)."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,6 +112,52 @@ def test_the_ladder_skips_a_rung_after_a_crash_at_start_or_an_illegal_instructio
     sup.crashed(WorkerLost("SIGILL", signal=4, rung="haswell"))
     sup.crashed(WorkerLost("SIGSEGV", signal=11, rung="haswell+no-repack"), at_start=True)
     assert sup.skip == ["haswell", "haswell+no-repack"]
-    assert Supervisor({}, tmp_path, watchdog_s=5).skip == sup.skip  # kept for this CPU
+    again = Supervisor({}, tmp_path, watchdog_s=5)  # kept for this CPU, with each crash's cause
+    assert again.skip == sup.skip
+    assert again.skip_why == {"haswell": "SIGILL", "haswell+no-repack": "SIGSEGV"}
     assert sup.backoff() == 4.0  # three deaths in a row
     assert "SIGSEGV" in sup.report()["last_crash"]["cause"]
+
+
+RUNGS = ["sapphirerapids", "zen4", "sapphirerapids+no-repack", "zen4+no-repack"]
+
+
+def serving(sup: Supervisor, rung: str) -> Supervisor:
+    """As if a worker had passed its canary on ``rung``."""
+    sup.worker = SimpleNamespace(pid=7, lost=None, info={  # type: ignore[assignment]
+        "rung": rung, "rungs": RUNGS, "cpu_variant": rung.split("+")[0]})
+    sup.state = "serving"
+    return sup
+
+
+def test_a_step_down_at_start_is_ready_on_the_lower_rung_with_why_and_its_cost(tmp_path):
+    sup = Supervisor({}, tmp_path, watchdog_s=5)
+    sup.crashed(WorkerLost("SIGSEGV: a segmentation fault", signal=11, rung="sapphirerapids"),
+                at_start=True)
+    serving(sup, "zen4")
+    assert sup.problem() is None  # nothing is degraded: it serves, one variant down
+    step = sup.report()["step_down"]
+    assert step["from"] == "sapphirerapids" and step["to"] == "zen4"
+    assert step["why"].startswith("SIGSEGV") and step["skipped"] == ["sapphirerapids"]
+    assert "repacked weights are kept" in step["cost"]
+    # After a server restart the step-down is still said, with the crash that caused it.
+    again = serving(Supervisor({}, tmp_path, watchdog_s=5), "zen4")
+    assert again.report()["step_down"] == step and again.problem() is None
+
+
+def test_a_crash_while_serving_still_degrades_after_a_step_down(tmp_path):
+    sup = serving(Supervisor({}, tmp_path, watchdog_s=5), "zen4")
+    sup.crashed(WorkerLost("SIGILL", signal=4, rung="sapphirerapids"), at_start=True)
+    sup.crashed(WorkerLost("SIGKILL", signal=9, rung="zen4"), requests=2)
+    assert sup.problem() is not None and "SIGKILL" in sup.problem()
+    assert sup.skip == ["sapphirerapids"]
+
+
+def test_the_top_rung_reports_no_step_down_and_an_old_rungs_file_still_reads(tmp_path):
+    assert serving(Supervisor({}, tmp_path, watchdog_s=5), "sapphirerapids"
+                   ).report()["step_down"] is None
+    sup = Supervisor({}, tmp_path, watchdog_s=5)
+    (tmp_path / "cpu-rungs.json").write_text(json.dumps({sup._key(): ["sapphirerapids"]}))
+    old = serving(Supervisor({}, tmp_path, watchdog_s=5), "zen4")
+    assert old.skip == ["sapphirerapids"]
+    assert old.report()["step_down"]["why"] == "a crash at start"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..cpu_ladder import step_down
 from ..engine.base import RequestError, WorkerLost
 from ..requests import Request
 from .process import WorkerProcess
@@ -92,7 +93,9 @@ class Supervisor:
         self.watchdog_s = watchdog_s
         self.start_timeout_s = start_timeout_s
         self._rungs_file = state_dir / "cpu-rungs.json"
-        self.skip: list[str] = self._load_skip()
+        self.skip: list[str] = []
+        self.skip_why: dict[str, str] = {}  # each skipped rung's crash, as it was seen
+        self._load_skip()
         self.quarantine = Quarantine(state_dir / "quarantine.json")
         self.state = "starting"  # starting | serving | restarting | failed
         self.worker: WorkerProcess | None = None
@@ -142,11 +145,18 @@ class Supervisor:
         if self.crashes and now - self.crashes[-1]["at"] > CALM_S:
             self.failures_in_row = 0  # it had served a while: back to the shortest backoff
         self.failures_in_row += 1
+        steps = bool(lost.rung and (at_start or lost.signal == signal.SIGILL)
+                     and lost.rung not in self.skip)
+        # A crash at start that moves the worker down a rung costs no request: once a lower
+        # rung serves, the service is ready on it (the step-down is reported, not degraded).
         self.crashes.append({"at": now, "cause": lost.cause, "during": lost.during,
                              "rung": lost.rung, "requests_failed": requests,
-                             "pid": self.worker.pid if self.worker else None})
-        if lost.rung and (at_start or lost.signal == signal.SIGILL) and lost.rung not in self.skip:
+                             "pid": self.worker.pid if self.worker else None,
+                             "step_down": steps and at_start})
+        if steps:
+            assert lost.rung is not None
             self.skip.append(lost.rung)
+            self.skip_why[lost.rung] = lost.cause
             log.warning("CPU rung %s crashed (%s): the next start skips it", lost.rung,
                         lost.cause)
             self._save_skip()
@@ -158,10 +168,12 @@ class Supervisor:
     # -- what /health and /v1/queue show ------------------------------------------------------
     def report(self) -> dict[str, Any]:
         w = self.worker
+        rung = w.info.get("rung") if w else None
         return {"state": self.state, "pid": w.pid if w and w.lost is None else None,
-                "cpu_rung": w.info.get("rung") if w else None,
-                "cpu_variant": w.info.get("cpu_variant") if w else None,
+                "cpu_rung": rung, "cpu_variant": w.info.get("cpu_variant") if w else None,
                 "rungs_skipped": list(self.skip), "restarts": self.restarts,
+                "step_down": step_down(rung, w.info.get("rungs", []) if w else [],
+                                       self.skip, self.skip_why),
                 "last_crash": self.crashes[-1] if self.crashes else None,
                 "crashes": len(self.crashes), "quarantined": len(self.quarantine),
                 "boundary": self.boundary.report() if self.boundary else None}
@@ -173,8 +185,9 @@ class Supervisor:
         if self.state in ("restarting", "failed"):
             cause = last["cause"] if last else "unknown"
             return f"worker {self.state} after a crash: {cause}"
-        if last and (now or time.time()) - last["at"] < DEGRADED_S:
-            return f"worker restarted after a crash: {last['cause']}"
+        real = next((c for c in reversed(self.crashes) if not c.get("step_down")), None)
+        if real and (now or time.time()) - real["at"] < DEGRADED_S:
+            return f"worker restarted after a crash: {real['cause']}"
         return None
 
     # -- the rungs that crashed here, across server restarts ------------------------------------
@@ -186,16 +199,23 @@ class Supervisor:
             flags = ""
         return hashlib.sha256(flags.encode()).hexdigest()[:16]
 
-    def _load_skip(self) -> list[str]:
+    def _load_skip(self) -> None:
         try:
-            saved = json.loads(self._rungs_file.read_text())
-            return list(saved.get(self._key(), []))
+            saved = json.loads(self._rungs_file.read_text()).get(self._key(), [])
         except (OSError, ValueError, AttributeError):
-            return []
+            return
+        if isinstance(saved, list):  # written before the crashes' causes were kept
+            saved = {"skip": saved, "why": {}}
+        if isinstance(saved, dict):
+            self.skip = [r for r in saved.get("skip", []) if isinstance(r, str)]
+            why = saved.get("why")
+            self.skip_why = {k: v for k, v in why.items() if isinstance(v, str)} \
+                if isinstance(why, dict) else {}
 
     def _save_skip(self) -> None:
         try:
             self._rungs_file.parent.mkdir(parents=True, exist_ok=True)
-            self._rungs_file.write_text(json.dumps({self._key(): self.skip}))
+            self._rungs_file.write_text(json.dumps(
+                {self._key(): {"skip": self.skip, "why": self.skip_why}}))
         except OSError:
             log.exception("could not save the CPU rungs that crashed")
