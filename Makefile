@@ -61,8 +61,13 @@ e2e: setup-demo
 	@scripts/demo/setup --browser
 	$(PY_LATEST) -m pytest -p no:homeassistant -p no:cacheprovider tests/e2e -q
 
+# The layers (pyproject.toml's [tool.importlinter] contracts) of this checkout's addon/hearth, not
+# the one the shared environment may have installed editable from another checkout.
+LINT_IMPORTS := PYTHONPATH=addon $(VENV)/bin/lint-imports
+
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)
 	$(PY) -m mypy --config-file mypy.ini  # --strict over custom_components/hearth
 
 # Server/engine tests run without Home Assistant's pytest plugin (it blocks sockets and checks
@@ -85,6 +90,7 @@ ha-tests: setup-all
 
 test: setup-all
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)  # the layers here too: CI runs make test
 	$(PY) -m pytest -p no:homeassistant tests/unit tests/server -q
 	$(MAKE) --no-print-directory ha-tests
 
