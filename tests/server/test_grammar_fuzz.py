@@ -1,7 +1,8 @@
 """llama.cpp's grammar path fuzzed in a worker process (issue 26): random schemas within
 Hearth's limits go through the converter, the limits, llama.cpp's grammar parser and a sampled
-token, in a real worker on the rung the server would pick (tests/llama_in_process.py). A schema that crashes llama.cpp kills that worker, not the test run:
-the failure names the schema, and the next example gets a new worker."""
+token, in a real worker on the rung the server would pick (tests/llama_in_process.py). A schema
+that crashes llama.cpp kills that worker, not the test run: the failure names the schema, and
+the next example gets a new worker."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ suspected twice (the real processes: tests/server/test_worker_crashes.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -172,7 +173,7 @@ def test_a_worker_that_died_at_start_keeps_its_whole_output_in_a_file(tmp_path):
         sup.crashed(WorkerLost(f"SIGSEGV {i}", signal=11, rung="zen4", during="starting",
                                output=output), at_start=True)
     kept = sup.report()["last_crash"]["output_log"]
-    text = open(kept).read()
+    text = Path(kept).read_text()
     assert text.startswith(f"SIGSEGV {CRASH_LOGS + 1}\n") and text.rstrip().endswith(output)
     assert len(list((tmp_path / "worker-crashes").glob("*.log"))) == CRASH_LOGS
     sup.crashed(WorkerLost("SIGKILL", signal=9, rung="zen4"))  # while serving: no output
