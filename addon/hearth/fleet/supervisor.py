@@ -28,6 +28,7 @@ START_TRIES = 8  # starts in a row that may crash before a load is given up
 STRIKES = 2  # deaths a request may be in flight for
 DEGRADED_S = 300.0  # how long /health says degraded after a worker's crash
 CRASHED_TWICE = "the model's worker crashed on this request twice"
+CRASH_LOGS = 5  # the newest start-up outputs of workers that died before ready, kept whole
 
 
 def fingerprint(r: Request) -> str:
@@ -94,6 +95,8 @@ class Supervisor:
         self.watchdog_s = watchdog_s
         self.start_timeout_s = start_timeout_s
         self._rungs_file = state_dir / "cpu-rungs.json"
+        self._crash_logs = state_dir / "worker-crashes"
+        self._n_crash_logs = 0
         self.skip: list[str] = []
         self.skip_why: dict[str, str] = {}  # each skipped rung's crash, as it was seen
         self._load_skip()
@@ -153,7 +156,8 @@ class Supervisor:
         self.crashes.append({"at": now, "cause": lost.cause, "during": lost.during,
                              "rung": lost.rung, "requests_failed": requests,
                              "pid": self.worker.pid if self.worker else None,
-                             "step_down": steps and at_start})
+                             "step_down": steps and at_start,
+                             "output_log": self._keep_output(lost, now)})
         if steps:
             assert lost.rung is not None
             self.skip.append(lost.rung)
@@ -161,6 +165,24 @@ class Supervisor:
             log.warning("CPU rung %s crashed (%s): the next start skips it", lost.rung,
                         lost.cause)
             self._save_skip()
+
+    def _keep_output(self, lost: WorkerLost, now: float) -> str | None:
+        """A worker that died before it was ready: its whole output from its start, in a file
+        of its own (the newest CRASH_LOGS kept); the file's path, or None."""
+        if not lost.output:
+            return None
+        try:
+            self._crash_logs.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+            self._n_crash_logs += 1  # in the name: several in one second sort in order
+            path = self._crash_logs / f"{stamp}-{self._n_crash_logs:04d}-{lost.rung}.log"
+            path.write_text(f"{lost.cause}\n(while {lost.during})\n\n{lost.output}\n")
+            for old in sorted(self._crash_logs.glob("*.log"))[:-CRASH_LOGS]:
+                old.unlink()
+            return str(path)
+        except OSError:
+            log.exception("could not keep the worker's output")
+            return None
 
     def backoff(self) -> float:
         return BACKOFF_S[min(self.failures_in_row, len(BACKOFF_S)) - 1] \
