@@ -60,7 +60,7 @@ def test_waiting_requests_have_places_and_etas_that_come_true():
                                                 pytest.approx(listed["eta_s"], abs=0.01))
     run_until(core, lambda: all(s.done is not None for _, s in sinks))
     errors = []
-    for r, s in sinks:
+    for _, s in sinks:
         actual = s.done.timing["ttft_ms"] / 1000
         predicted = s.done.timing["eta_ms"] / 1000
         errors.append(abs(predicted - actual) / actual)
@@ -83,3 +83,15 @@ def test_deadlines_refuse_by_expected_wait_but_never_a_job():
     voice, _ = request(b, "voice", 50, 10, seed=101)
     core.submit(voice)  # no deadline for voice here
     assert core.stats.shed["chat"] == 1 and core.stats.shed["voice"] == 0
+
+
+def test_deadlines_setting_from_text_json_or_an_object():
+    from hearth.settings import Settings, load
+
+    s = load(None, {"HEARTH_DEADLINES": "voice=8, chat=60", "HEARTH_RESERVATION_S": "4"})
+    assert s.deadline_seconds() == {"voice": 8.0, "chat": 60.0} and s.reservation_s == 4.0
+    assert Settings(deadlines={"voice": 8, "chat": 0}).deadline_seconds() == {"voice": 8.0}
+    assert Settings(deadlines='{"chat": 3}').deadline_seconds() == {"chat": 3.0}
+    for bad in ("vocie=3", "chat=soon", "chat=-1"):
+        with pytest.raises(ValueError):
+            Settings(deadlines=bad)

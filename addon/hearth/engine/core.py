@@ -34,9 +34,9 @@ from .kv import KVSpace
 from .outbox import Outbox
 from .persistence import Persister
 from .queue_eta import QueueEta
-from .satellites import Satellites
 from .recovery import Recovery
 from .retiring import Retirer
+from .satellites import Satellites
 from .view import View
 from .warm_ups import served_warm_ups
 

@@ -18,6 +18,7 @@ from ..policy.classes import CLASS_RANKS, RANK_NAMES
 from ..policy.eta import Clock, Job, Plan, expected_output, plan
 from .base import VOICE_PREFILL_STRETCH, RequestError
 from .cost import attention
+from .satellites import RESERVATION_WARM
 
 if TYPE_CHECKING:
     from ..requests import Request
@@ -135,8 +136,10 @@ class QueueEta:
             prefill = r.remaining if r.remaining > 1 else 0
             start = r.n_past
         left = r.max_tokens - r.n_generated
-        return Job(r.id, rank, prefill, start,
-                   expected_output(self.output, r.rank, left, DEFAULT_OUTPUT))
+        # Told to ignore the end of generation, it writes all it may: no guess needed.
+        out = float(left) if r.ignore_eos else expected_output(self.output, r.rank, left,
+                                                               DEFAULT_OUTPUT)
+        return Job(r.id, rank, prefill, start, out)
 
     def _clock(self) -> Clock:
         core = self._core
@@ -173,13 +176,15 @@ class QueueEta:
     # -- any thread ------------------------------------------------------------------------
     def shed(self, r: Request) -> None:
         """Refuse (429 deadline_exceeded, Retry-After its ETA) a request whose expected time
-        to first token passes its class's deadline. Jobs and warm-ups only ever queue."""
+        to first token passes its class's deadline. Jobs and warm-ups only ever queue. Its
+        place and ETA as the last plan has them, till the engine places it."""
         if r.kind != "generate":
             return
         r.meta["queue"] = self.plan.arrival(r.rank, len(r.prompt))
         eta = r.meta["queue"][1]
         deadline = self._core.cfg.deadlines.get(r.cls, 0.0)
-        if deadline and eta > deadline and not (r.warm_up or r.meta.get("job")):
+        never = r.warm_up or r.meta.get("job") or r.meta.get(RESERVATION_WARM)
+        if deadline and eta > deadline and not never:
             self._core.stats.shed[r.cls] += 1
             raise RequestError(
                 f"the {r.cls} queue's expected wait ({eta:.1f} s) passes its deadline "
