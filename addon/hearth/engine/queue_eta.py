@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from ..requests import Request
     from .core import EngineCore
 
-# The whole queue's places are computed at most this often (they cost a key per waiting
-# request, where an admission pass looks at a few); an arrival's own from the last plan.
+# The whole queue's places are computed at most once a REFRESH_S and REFRESH_ITERATIONS
+# iterations (they cost a policy key per waiting request, where an admission pass looks at a
+# few); an arrival is placed from the last plan.
 REFRESH_S = 1.0
+REFRESH_ITERATIONS = 32
 DEFAULT_OUTPUT = 64.0  # tokens a class is expected to write before any of it finished
 KEEP = 0.8  # the running means' weight on what came before
 NAMES = [RANK_NAMES[k] for k in range(len(RANK_NAMES))]
@@ -41,6 +43,7 @@ class QueueEta:
         self._seen: dict[int, Request] = {}  # running at the last refresh
         self._at = -math.inf  # the engine's clock at the last full plan
         self._wall = -math.inf  # the wall clock's
+        self._iter = 0  # the engine's iteration count's
         # The waiting requests in admission order, each with the engine time its first
         # token is expected at; and a new arrival's expected wait by class, at ``_at``.
         self._entries: list[tuple[Request, float]] = []
@@ -68,10 +71,11 @@ class QueueEta:
 
     def refresh(self, now: float) -> None:
         core = self._core
-        # By the wall clock: a simulated engine's iterations are not its cost.
-        if time.monotonic() - self._wall < REFRESH_S:
+        # By the wall clock (a simulated engine's clock is not its cost) and iterations.
+        if self._wall > -math.inf and (time.monotonic() - self._wall < REFRESH_S or
+                                       core.stats.iterations - self._iter < REFRESH_ITERATIONS):
             return
-        self._at, self._wall = now, time.monotonic()
+        self._at, self._wall, self._iter = now, time.monotonic(), core.stats.iterations
         self._learn(core.running)
         ordered = core.policy.order(list(core.waiting), now, core.running)
         waiting = [self._job(r, core.policy.effective_rank(r, now), waiting=True)
@@ -143,26 +147,34 @@ class QueueEta:
 
     def _clock(self) -> Clock:
         core = self._core
-        cost, b, cfg = core.cost, core.b, core.cfg
+        cost, b, batcher, policy = core.cost, core.b, core.batcher, core.policy
         decoding = [r for r in core.running if r.remaining == 1]
         n_dec = len(decoding)
         dec_att = sum(attention(1, r.n_past) for r in decoding)
-        target = core.batcher.target()
+        streams = [r.rank for r in decoding]
+        target = batcher.target()
+        bounded = core._bounded()
 
         def prefill_s(n: int, start: int, rank: int) -> float:
+            """A prompt's time in the chunks the composer gives it beside the streams now
+            running (its budget asked at the prompt's middle, where attention averages)."""
             if n <= 0:
                 return 0.0
             room = max(1, b.n_batch - n_dec)
-            if n_dec == 0 and rank <= 1:  # alone: whole batches
+            extra = 0.0
+            if n_dec == 0 and (rank <= 1 or not bounded):  # alone: whole batches
                 chunk = b.n_batch
             else:
-                stretch = VOICE_PREFILL_STRETCH if rank == 0 else 1.0
-                chunk = max(cfg.min_prefill_chunk, cost.tokens_within(
-                    stretch * target, beside=n_dec, beside_attended=dec_att, start=start,
-                    cap=room))
-            chunk = min(chunk, room)
+                stretching = batcher.stretching  # the budget's flag is the composer's
+                chunk = batcher.prefill_budget(
+                    n_dec, VOICE_PREFILL_STRETCH if rank == 0 else 1.0, dec_att,
+                    start + n // 2, policy.waited_for(rank), bounded)
+                if batcher.stretching and policy.yields_to_streams(rank, streams):
+                    extra = cost.predict(n_dec, dec_att)  # the streams' turn between chunks
+                batcher.stretching = stretching
+            chunk = max(1, min(chunk, room))
             full, last = divmod(n, chunk)
-            t = full * cost.predict(n_dec + chunk, dec_att) if full else 0.0
+            t = full * (cost.predict(n_dec + chunk, dec_att) + extra) if full else 0.0
             if last:
                 t += cost.predict(n_dec + last, dec_att)
             # The prompt's own attention, which grows with its position.
