@@ -165,13 +165,11 @@ class QueueEta:
             if n_dec == 0 and (rank <= 1 or not bounded):  # alone: whole batches
                 chunk = b.n_batch
             else:
-                stretching = batcher.stretching  # the budget's flag is the composer's
-                chunk = batcher.prefill_budget(
+                chunk, stretched = batcher.budget(
                     n_dec, VOICE_PREFILL_STRETCH if rank == 0 else 1.0, dec_att,
                     start + n // 2, policy.waited_for(rank), bounded)
-                if batcher.stretching and policy.yields_to_streams(rank, streams):
+                if stretched and policy.yields_to_streams(rank, streams):
                     extra = cost.predict(n_dec, dec_att)  # the streams' turn between chunks
-                batcher.stretching = stretching
             chunk = max(1, min(chunk, room))
             full, last = divmod(n, chunk)
             t = full * (cost.predict(n_dec + chunk, dec_att) + extra) if full else 0.0
