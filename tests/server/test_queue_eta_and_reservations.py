@@ -17,7 +17,7 @@ from hearth_server import HearthServer
 pytestmark = pytest.mark.model
 
 LONG = {"messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
-        "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+        "max_tokens": 150, "ignore_eos": True, "temperature": 0}
 
 
 def _chat(content: str, max_tokens: int = 8, **kw: Any) -> dict[str, Any]:
@@ -47,9 +47,13 @@ def _raw(srv: HearthServer, path: str, body: dict, headers: dict | None = None):
 @pytest.fixture(scope="module")
 def one_slot(tmp_path_factory):
     """One sequence (voice may use two spare ids), chat's deadline 4 s."""
-    with HearthServer("--n-parallel", "1", "--deadlines", "chat=4", "--reservation-s", "3",
-                      data_dir=tmp_path_factory.mktemp("eta")) as s:
-        yield s
+    srv = HearthServer("--n-parallel", "1", "--deadlines", "chat=4", "--reservation-s", "3",
+                       data_dir=tmp_path_factory.mktemp("eta"))
+    srv.start(timeout=400)  # calibration on a busy machine
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def test_health_names_the_features(one_slot):

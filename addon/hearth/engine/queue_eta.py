@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # few); an arrival is placed from the last plan.
 REFRESH_S = 1.0
 REFRESH_ITERATIONS = 32
+STALE_S = 5.0  # and at least this often while iterations are slow
 DEFAULT_OUTPUT = 64.0  # tokens a class is expected to write before any of it finished
 KEEP = 0.8  # the running means' weight on what came before
 NAMES = [RANK_NAMES[k] for k in range(len(RANK_NAMES))]
@@ -57,7 +58,8 @@ class QueueEta:
             return
         self.refresh(now)  # at most once a REFRESH_S: then it placed these too
         since = now - self._at
-        clock = self.plan.clock
+        # The costs as measured now (the plan's may predate calibration, or a slower load).
+        clock = self.plan.clock = self._clock()
         for r in reqs:
             if r.kind != "generate" or clock is None or "eta_s" in r.meta:
                 continue
@@ -72,8 +74,9 @@ class QueueEta:
     def refresh(self, now: float) -> None:
         core = self._core
         # By the wall clock (a simulated engine's clock is not its cost) and iterations.
-        if self._wall > -math.inf and (time.monotonic() - self._wall < REFRESH_S or
-                                       core.stats.iterations - self._iter < REFRESH_ITERATIONS):
+        wall = time.monotonic() - self._wall
+        if self._wall > -math.inf and (wall < REFRESH_S or (
+                core.stats.iterations - self._iter < REFRESH_ITERATIONS and wall < STALE_S)):
             return
         self._at, self._wall, self._iter = now, time.monotonic(), core.stats.iterations
         self._learn(core.running)
