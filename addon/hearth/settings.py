@@ -191,8 +191,8 @@ class Settings(BaseModel):
         "of the running sequences: its newest sequence of the same class makes room")
     max_queue: int = _opt(64, "most waiting requests per class before 429", ge=1)
     voice_per_member: int = _opt(
-        2, "most voice requests one member has waiting or running; more of its voice "
-        "requests run as chat", ge=1)
+        2, "most voice requests one member has waiting or running, jobs included; more of "
+        "its voice requests run as chat", ge=1)
     max_tokens_default: int = _opt(512, "max_tokens when a request names none", ge=1)
     constrain_tool_calls: bool = _opt(
         True, "under tool_choice auto, a tool call the model opens must match its tool's schema "
