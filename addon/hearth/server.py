@@ -169,8 +169,9 @@ async def warm_cache(request: web.Request) -> web.Response:
     """Cache a chat prompt for the class that will use it (voice unless named)."""
     ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    return web.json_response(await with_model(request, body.model, body.priority, "voice",
-                                              lambda rt, rank: warm(rt, body, rank)))
+    return web.json_response(await with_model(
+        request, body.model, body.priority, "voice", lambda rt, rank: warm(rt, body, rank),
+        user=request_user(request, body.user)))
 
 
 async def queue(request: web.Request) -> web.Response:
@@ -280,7 +281,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     store = JobStore(Path(settings.data_dir) / "jobs.sqlite3", max_active=settings.job_queue_max,
                      max_bytes=settings.job_store_max_mb * 1_000_000,
                      max_request_bytes=settings.job_request_max_kb * 1_000)
-    app[JOBS] = JobRunner(store, fleet, concurrency=max(2, settings.n_parallel),
+    app[JOBS] = JobRunner(store, fleet, app[VOICE_SHARES],
+                          concurrency=max(2, settings.n_parallel),
                           retention_s=settings.job_retention_hours * 3600)
     app[METRICS] = Metrics(fleet)
     app[CLOSING] = asyncio.Event()

@@ -198,8 +198,8 @@ class Settings(BaseModel):
         5.0, "how long a wake word's reservation holds the voice model for the turn to come "
         "(at most 15 s): lower classes start no prompt chunk meanwhile", gt=0, le=15)
     voice_per_member: int = _opt(
-        2, "most voice requests one member has waiting or running; more of its voice "
-        "requests run as chat", ge=1)
+        2, "most voice requests one member has waiting or running, jobs included; more of "
+        "its voice requests run as chat", ge=1)
     max_tokens_default: int = _opt(512, "max_tokens when a request names none", ge=1)
     constrain_tool_calls: bool = _opt(
         True, "under tool_choice auto, a tool call the model opens must match its tool's schema "
