@@ -92,8 +92,11 @@ def test_each_board_cpu_gets_its_variant(image, cpu, best):
 
 
 def test_answers_a_chat_and_a_voice_turn_on_an_emulated_pi5_cpu(image, addons):
-    addon = addons(image, options={"n_ctx": 2048, "n_parallel": 2},
-                   env={"QEMU_CPU": PI5_CPU})
+    # Emulated, one decode of a full micro-batch takes minutes: smaller batches keep the
+    # calibration decodes at start short, and the watchdog (a hung worker at 120 s) waits.
+    addon = addons(image, options={"n_ctx": 2048, "n_parallel": 2, "n_batch": 64,
+                                   "n_ubatch": 32},
+                   env={"QEMU_CPU": PI5_CPU, "HEARTH_WORKER_WATCHDOG_S": "1800"})
     t0 = time.monotonic()
     addon.start()
     health = addon.wait_ready(timeout=1800)
