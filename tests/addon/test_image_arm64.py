@@ -69,7 +69,7 @@ def test_image_is_arm64_with_every_variant_and_no_compiler(image):
                                  "-c", ELF_MACHINES, timeout=300).stdout)
     assert set(machines.values()) == {EM_AARCH64}, machines
     names = {os.path.basename(p) for p in machines}
-    assert ARM_VARIANTS <= names, names
+    assert names >= ARM_VARIANTS, names
     assert {"libllama.so", "libggml.so", "libggml-base.so"} <= names, names
     compilers = podman("run", "--rm", "--entrypoint", "/bin/sh", image, "-c",
                        "command -v gcc cc g++ cmake || true", timeout=300).stdout.split()
