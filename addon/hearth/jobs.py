@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import job_queue
 from .api_models import ChatCompletionRequest, EmbeddingRequest
 from .completions import CompletionError, check_limits
 from .job_store import JobQuotaError, JobStore
@@ -175,10 +176,15 @@ class JobRunner:
             body = ChatCompletionRequest.model_validate({**req, "stream": False})
             comp = await completion(rt, body, rank)
             self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
+            if hasattr(comp, "request"):
+                comp.request.meta["job"] = True  # a job queues, it is never shed (deadlines)
             comp.submit()
+            watcher = asyncio.create_task(job_queue.watch(self.store, job["id"], comp,
+                                                          self.notify))
             try:
                 return await comp.result()
             finally:
+                watcher.cancel()
                 comp.cancel()
 
 

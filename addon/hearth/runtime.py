@@ -247,7 +247,8 @@ class Runtime:
                          relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
                          prefix_cache_entries=entries, max_queue=s.max_queue,
                          prefix_cache_kept_share=s.prefix_cache_kept_share,
-                         draft_policy=s.draft_policy),
+                         draft_policy=s.draft_policy, deadlines=s.deadline_seconds(),
+                         reservation_s=s.reservation_s),
             self.stats)
 
     def _restore_prefixes(self, core: EngineCore, path: Path, n_ctx: int) -> None:

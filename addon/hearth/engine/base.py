@@ -172,6 +172,10 @@ class EngineConfig:
     # "measured": a draft model guesses as many tokens as pay (engine.drafts); "always": as
     # many as it may, every voice decode (to measure what drafting does).
     draft_policy: str = "measured"
+    # Seconds by class name: a request expected to wait longer for its first token is
+    # refused at once (engine.queue_eta); absent or 0: none.
+    deadlines: dict[str, float] = field(default_factory=dict)
+    reservation_s: float = 5.0  # a wake word's reservation, unless it names its own
 
 
 

@@ -52,6 +52,7 @@ class View:
         prefix = pool.stats(b.now())
         used = pool.running_cells + prefix["cached_cells"]
         self.snapshot = {
+            **core.queue_eta.publish(b.now()),  # eta_s by class, waiting_requests
             "kv": {"cells": pool.n_ctx, "used": used,
                    "used_by_running": pool.running_cells,
                    "used_by_prefix_cache": prefix["cached_cells"],
