@@ -66,9 +66,13 @@ class QueueEta:
             job = self._job(r, r.rank, waiting=True)
             pos, eta = self.plan.add(r.id, r.rank, job.prefill, job.start, job.output)
             eta = max(clock.prefill_s(job.prefill, job.start, r.rank), eta - since)
+            self._entries.insert(min(pos - 1, len(self._entries)), (r, now + eta))
+            # The plan may predate admissions: its place counts those admitted since.
+            self._entries = [(x, at) for x, at in self._entries
+                             if x.first_admitted_at is None and not x.finished]
+            pos = next(i for i, (x, _) in enumerate(self._entries, 1) if x is r)
             r.meta["queue"] = (pos, eta)
             r.meta["eta_s"] = round(now - r.arrival + eta, 3)
-            self._entries.insert(min(pos - 1, len(self._entries)), (r, now + eta))
             self.plan.busy_until = max(self.plan.busy_until, eta + since)
 
     def refresh(self, now: float) -> None:
@@ -193,8 +197,17 @@ class QueueEta:
         place and ETA as the last plan has them, till the engine places it."""
         if r.kind != "generate":
             return
-        r.meta["queue"] = self.plan.arrival(r.rank, len(r.prompt))
-        eta = r.meta["queue"][1]
+        core, clock = self._core, self.plan.clock
+        own = clock.prefill_s(len(r.prompt), 0, r.rank) if clock is not None else 0.0
+        if not core.running and not core.waiting:  # idle: the last plan's queue is gone
+            pos, eta = 1, own
+        else:  # the last plan's times count from its refresh
+            pos, eta = self.plan.arrival(r.rank, len(r.prompt))
+            eta = max(own, eta - max(0.0, time.monotonic() - self._wall))
+        # The plan may predate admissions: those admitted since no longer stand ahead.
+        gone = sum(1 for x, _ in list(self._entries) if x.rank <= r.rank
+                   and (x.first_admitted_at is not None or x.finished))
+        r.meta["queue"] = (max(1, pos - gone), eta)
         deadline = self._core.cfg.deadlines.get(r.cls, 0.0)
         never = r.warm_up or r.meta.get("job") or r.meta.get(RESERVATION_WARM)
         if deadline and eta > deadline and not never:
