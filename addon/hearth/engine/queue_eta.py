@@ -70,8 +70,10 @@ class QueueEta:
             # The plan may predate admissions: its place counts those admitted since.
             self._entries = [(x, at) for x, at in self._entries
                              if x.first_admitted_at is None and not x.finished]
-            pos = next(i for i, (x, _) in enumerate(self._entries, 1) if x is r)
-            r.meta["queue"] = (pos, eta)
+            place = next((i for i, (x, _) in enumerate(self._entries, 1) if x is r), None)
+            if place is None:  # admitted or ended in the same drain: it waits no more
+                continue
+            r.meta["queue"] = (place, eta)
             r.meta["eta_s"] = round(now - r.arrival + eta, 3)
             self.plan.busy_until = max(self.plan.busy_until, eta + since)
 

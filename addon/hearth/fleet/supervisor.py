@@ -168,15 +168,18 @@ class Supervisor:
 
     def _keep_output(self, lost: WorkerLost, now: float) -> str | None:
         """A worker that died before it was ready: its whole output from its start, in a file
-        of its own (the newest CRASH_LOGS kept); the file's path, or None."""
-        if not lost.output:
+        of its own (the newest CRASH_LOGS kept), with its cause; the file's path, or None for a
+        worker that had been ready. Its start is quiet (no fault handler while it loads, as a
+        plain process), so a crash at the canary may leave only the cause."""
+        if lost.during != "starting" and not lost.output:
             return None
         try:
             self._crash_logs.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
             self._n_crash_logs += 1  # in the name: several in one second sort in order
             path = self._crash_logs / f"{stamp}-{self._n_crash_logs:04d}-{lost.rung}.log"
-            path.write_text(f"{lost.cause}\n(while {lost.during})\n\n{lost.output}\n")
+            path.write_text(f"{lost.cause}\n(while {lost.during})\n\n"
+                            f"{lost.output or '(the worker wrote nothing)'}\n")
             for old in sorted(self._crash_logs.glob("*.log"))[:-CRASH_LOGS]:
                 old.unlink()
             return str(path)
