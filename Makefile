@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs bench-commands models model-qwen1.5b model-qwen0.5b llama-server addon-test addon-image addon-image-vulkan clean
+.PHONY: setup setup-all setup-demo run demo-load e2e test lint unit server-tests ha-tests fuzz soak bench bench-quick bench-engine bench-vs bench-commands models model-qwen1.5b model-qwen0.5b llama-server addon-test addon-test-arm64 addon-image addon-image-arm64 addon-image-vulkan clean
 
 setup:
 	@scripts/bootstrap dev
@@ -61,8 +61,13 @@ e2e: setup-demo
 	@scripts/demo/setup --browser
 	$(PY_LATEST) -m pytest -p no:homeassistant -p no:cacheprovider tests/e2e -q
 
+# The layers (pyproject.toml's [tool.importlinter] contracts) of this checkout's addon/hearth, not
+# the one the shared environment may have installed editable from another checkout.
+LINT_IMPORTS := PYTHONPATH=addon $(VENV)/bin/lint-imports
+
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)
 	$(PY) -m mypy --config-file mypy.ini  # --strict over custom_components/hearth
 
 # Server/engine tests run without Home Assistant's pytest plugin (it blocks sockets and checks
@@ -85,6 +90,7 @@ ha-tests: setup-all
 
 test: setup-all
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)  # the layers here too: CI runs make test
 	$(PY) -m pytest -p no:homeassistant tests/unit tests/server -q
 	$(MAKE) --no-print-directory ha-tests
 
@@ -133,11 +139,23 @@ bench-engine: setup
 # addon/DOCS.md).
 addon-test: setup
 	@scripts/addon/setup
-	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/addon -q -s --timeout 5400
+	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/addon -q -s --timeout 5400 \
+	  --ignore tests/addon/test_image_arm64.py
+
+# The aarch64 image, built here (llama.cpp cross-compiled, the rest under qemu-user) and run
+# under qemu-user: most of an hour cold on 2 cores, so neither addon-test nor CI runs it.
+addon-test-arm64: setup
+	@scripts/addon/setup arm64
+	$(PY) -m pytest -p no:homeassistant -p no:cacheprovider tests/addon/test_image_arm64.py \
+	  -q -s --timeout 10800
 
 addon-image:
 	@scripts/addon/setup
 	scripts/addon/build_image cpu
+
+addon-image-arm64:
+	@scripts/addon/setup arm64
+	scripts/addon/build_image cpu arm64
 
 addon-image-vulkan:
 	@scripts/addon/setup

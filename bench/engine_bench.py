@@ -29,11 +29,13 @@ from pathlib import Path
 import numpy as np
 from engine_host_cost import host_rows, host_table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from llama_in_process import open_model
+
 from hearth.backend import LlamaBackend
 from hearth.engine import Engine, EngineConfig, EngineCore
-from hearth.llama_adapter import ContextParams, Model, init_backend
+from hearth.llama_adapter import ContextParams
 from hearth.llama_sampling import Sampler
-from hearth.models import packaged_model
 from hearth.prompts import ChatFormatter
 from hearth.requests import Request, SamplingParams
 from hearth.scheduler import PolicyConfig, class_rank
@@ -65,8 +67,7 @@ def ha_system_prompt(n_devices: int) -> str:
 
 class Bench:
     def __init__(self, quick: bool):
-        init_backend()
-        self.model = Model(packaged_model())
+        self.model = open_model()
         self.fmt = ChatFormatter(self.model.chat_template())
         self.quick = quick
 

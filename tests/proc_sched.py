@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SCHED_OTHER, SCHED_IDLE = 0, 5
+SCHED_OTHER = 0
 
 
 def thread_sched(pid: int, tid: int) -> tuple[str, int, int] | None:

@@ -167,3 +167,15 @@ class JobCreate(_Body):
         from .scheduler import RANK_NAMES
 
         return RANK_NAMES[class_rank(v)]
+
+
+class ReservationCreate(BaseModel):
+    """``POST /v1/reservations``: a satellite heard its wake word (hearth.api.reservations)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="the voice agent's model (default: voice's)")
+    satellite: str = Field(..., min_length=1, max_length=256, description="who heard it")
+    ttl_s: float | None = Field(None, gt=0, le=15, description="default: reservation_s")
+    warm: dict[str, Any] | None = Field(None, description="a /v1/cache/warm body: the voice "
+                                        "prompt to have cached, computed as voice work")

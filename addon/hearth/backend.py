@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .engine.base import SampleAfterDecode
+from .decode_sample import SampleAfterDecode
 from .llama_adapter import Context, ContextParams, Model
 from .llama_sampling import Sampler
 from .requests import SamplingParams, Utf8Decoder

@@ -348,7 +348,8 @@ class Completion:
                 if text:
                     yield self._chunk({"content": text} if self.chat else text, None)
             elif ev.kind == "error":
-                yield {"error": {"message": ev.message, "type": "server_error",
+                kind = "superseded" if ev.code == "superseded" else "server_error"
+                yield {"error": {"message": ev.message, "type": kind,
                                  "code": ev.code or "generation_failed"}}
             else:
                 finish = ev.finish_reason

@@ -104,9 +104,10 @@ class JobStore:
             job["request"] = json.loads(row["request"])
         return job
 
-    def _event(self, job_id: str) -> dict[str, Any]:
+    def _event(self, job_id: str, queue: dict[str, Any] | None = None) -> dict[str, Any]:
         row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         job = self._job(row)
+        job["queue"] = queue  # where it waits in its model's queue (progress), else null
         payload = json.dumps({"type": "job", "job": job})
         cur = self._db.execute("INSERT INTO events (job_id, at, payload) VALUES (?, ?, ?)",
                                (job_id, time.time(), payload))
@@ -186,6 +187,18 @@ class JobStore:
             ev = self._event(job_id)
             self._db.execute("COMMIT")
             self.bytes += sum(len(v) for v in fields.values() if isinstance(v, str))
+        return ev
+
+    def progress(self, job_id: str, queue: dict[str, Any]) -> dict[str, Any] | None:
+        """An event for a running job that waits in its model's queue: its place and ETA."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute("SELECT status FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is None or row["status"] != "running":
+                self._db.execute("ROLLBACK")
+                return None
+            ev = self._event(job_id, queue)
+            self._db.execute("COMMIT")
         return ev
 
     def start(self, job_id: str) -> dict[str, Any] | None:

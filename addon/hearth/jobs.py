@@ -1,9 +1,13 @@
 """Durable background jobs: a SQLite store (WAL) and the runner that feeds jobs to the engine.
 
 A job is a chat-completion or embeddings body with a class (default ``background``) and an
-optional caller tag. Every state change is written together with an event row in one
-transaction, so ``/v1/events`` can be resumed from any event id. A job found ``running`` at start
-(the process died under it) is queued again; a finished job's result is written once.
+optional caller tag. It runs as its member (its key's name, pinned when it was submitted, or its
+body's ``user``), and its voice counts against that member's ``voice_per_member`` share beside
+the member's requests on every other route: past it a voice job runs as chat, so a member's
+flood of voice jobs holds no more voice than a flood of requests would. Every state change is
+written together with an event row in one transaction, so ``/v1/events`` can be resumed from
+any event id. A job found ``running`` at start (the process died under it) is queued again; a
+finished job's result is written once.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import job_queue
+from .api.claims import VoiceShares
 from .api_models import ChatCompletionRequest, EmbeddingRequest
 from .completions import CompletionError, check_limits
 from .job_store import JobQuotaError, JobStore
-from .scheduler import class_rank
+from .scheduler import RANK_NAMES, class_rank
 from .serving import completion, embeddings
 
 log = logging.getLogger(__name__)
@@ -34,10 +40,11 @@ class JobRunner:
     """Feeds queued jobs to the engine, a bounded number at a time (the engine's own queue
     decides the order among classes), and records their outcome."""
 
-    def __init__(self, store: JobStore, fleet: Any, concurrency: int = 8,
+    def __init__(self, store: JobStore, fleet: Any, shares: VoiceShares, concurrency: int = 8,
                  retention_s: float = 86400.0):
         self.store = store
         self.fleet = fleet
+        self.shares = shares  # the routes' own: a member's voice share counts jobs too
         self.concurrency = concurrency
         self.retention_s = retention_s
         self.changed = asyncio.Condition()  # notified on every state change (for /v1/events)
@@ -168,18 +175,27 @@ class JobRunner:
 
     async def _execute(self, job: dict[str, Any], rank: int) -> dict[str, Any]:
         req = job["request"]
-        async with self.fleet.use(self.model_for(req, job["class"]), rank) as rt:
-            if job["kind"] == "embeddings":
-                body = EmbeddingRequest.model_validate(req)
-                return await embeddings(rt, body.input, rank, body.user)
-            body = ChatCompletionRequest.model_validate({**req, "stream": False})
-            comp = await completion(rt, body, rank)
-            self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
-            comp.submit()
-            try:
-                return await comp.result()
-            finally:
-                comp.cancel()
+        user = req.get("user") or None
+        # Held while this try runs (not while a retried job waits): past its member's share
+        # a voice job runs as chat, on the chat class's model as a request would.
+        with self.shares.hold(user, rank) as rank:
+            async with self.fleet.use(self.model_for(req, RANK_NAMES[rank]), rank) as rt:
+                if job["kind"] == "embeddings":
+                    body = EmbeddingRequest.model_validate(req)
+                    return await embeddings(rt, body.input, rank, user)
+                body = ChatCompletionRequest.model_validate({**req, "stream": False})
+                comp = await completion(rt, body, rank, user)
+                self._tasks[job["id"]] = (self._tasks[job["id"]][0], comp)
+                if hasattr(comp, "request"):
+                    comp.request.meta["job"] = True  # a job queues, never shed (deadlines)
+                comp.submit()
+                watcher = asyncio.create_task(job_queue.watch(self.store, job["id"], comp,
+                                                              self.notify))
+                try:
+                    return await comp.result()
+                finally:
+                    watcher.cancel()
+                    comp.cancel()
 
 
 def validate_job_request(kind: str, request: Any) -> None:

@@ -9,7 +9,8 @@ prefixes are the first thing given up under pressure.
 The KV protocol, in three lines (the engine keeps it; :mod:`hearth.engine.admission`):
 1. admission reserves the cells of a prompt's uncached part (+1 for the first generated token)
    and admits only when they are free, making room from prefixes nobody uses, then from
-   sequences of a lower class, and only if that can make enough room;
+   sequences of a lower class, and only if that makes the room and a sequence id (rehearsed on
+   a copy of the pool, the victims' kept prefixes as they will be: :meth:`KVPool.rehearsal`);
 2. before each decode the batch's cells beyond the reservations must be free, or cached
    prefixes go, then the lowest-class newest sequence is preempted (never voice while another
    class runs), its computed cells kept as a prefix it resumes from;
@@ -25,6 +26,8 @@ the whole conversation), so every cell no running sequence needs can be freed.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections import OrderedDict, defaultdict
 from typing import Any
 
@@ -71,6 +74,24 @@ class KVPool:
         for name in self.COUNTERS:
             setattr(pool, name, getattr(self, name))
         return pool
+
+    def rehearsal(self) -> KVPool:
+        """A copy to try a change on (what a preemption would leave, before it is made): its
+        own entries, ids and counts; the running sequences among the sharers are the same
+        objects. Nothing of it reaches the backend."""
+        twin = copy.copy(self)
+        twins = {seq: dataclasses.replace(e, sharers=set()) for seq, e in self.entries.items()}
+        for seq, e in self.entries.items():
+            t = twins[seq]
+            t.shared = twins.get(e.shared.seq_id) if e.shared is not None else None
+            t.sharers = {twins[s.seq_id] if isinstance(s, PrefixEntry) else s
+                         for s in e.sharers}
+        twin.entries = OrderedDict(twins)
+        twin._index = PrefixIndex()
+        for t in twins.values():
+            twin._index.add(t)
+        twin.free_ids = list(self.free_ids)
+        return twin
 
     # -- accounting ------------------------------------------------------------------------
     @property

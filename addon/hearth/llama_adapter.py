@@ -54,7 +54,7 @@ class Model:
         self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
-        # Memory kinds the engine's sequence sharing depends on (see runtime.unservable).
+        # Memory kinds the engine's sequence sharing depends on (see runner.boot.unservable).
         self.is_recurrent = bool(L.llama_model_is_recurrent(self.ptr))
         self.is_hybrid = bool(L.llama_model_is_hybrid(self.ptr))
         self.n_swa = int(L.llama_model_n_swa(self.ptr))

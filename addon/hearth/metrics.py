@@ -85,6 +85,9 @@ class _EngineCollector:
                                        labels=["class"])
         preempted = CounterMetricFamily("hearth_preemptions", "Sequences preempted",
                                         labels=["class"])
+        shed = CounterMetricFamily("hearth_requests_shed", "Requests refused because their "
+                                   "expected wait passed the class's deadline (429)",
+                                   labels=["class"])
         for cls, n in q["waiting"].items():
             waiting.add_metric([cls], n)
             running.add_metric([cls], q["running"][cls])
@@ -92,7 +95,8 @@ class _EngineCollector:
             done.add_metric([cls], c["completed"])
             rejected.add_metric([cls], c["rejected"])
             preempted.add_metric([cls], c["preempted"])
-        yield from (waiting, running, done, rejected, preempted)
+            shed.add_metric([cls], c["shed"])
+        yield from (waiting, running, done, rejected, preempted, shed)
         kv = GaugeMetricFamily("hearth_kv_cache_usage_ratio", "Share of KV cells in use")
         kv.add_metric([], q["kv"]["use"])
         hit = GaugeMetricFamily("hearth_prefix_cache_hit_rate", "Prompt tokens served from the "

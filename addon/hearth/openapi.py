@@ -9,7 +9,13 @@ from pydantic.json_schema import models_json_schema
 
 from . import __version__
 from .api.ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
-from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
+from .api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    JobCreate,
+    ReservationCreate,
+)
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -67,7 +73,7 @@ def build() -> dict[str, Any]:
     _, defs = models_json_schema(
         [(m, "validation") for m in (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
                                      JobCreate, ChatBody, GenerateBody, EmbedBody,
-                                     LegacyEmbedBody, NamedModel)],
+                                     LegacyEmbedBody, NamedModel, ReservationCreate)],
         ref_template="#/components/schemas/{model}")
     schemas = defs.get("$defs", {})
     schemas["OllamaError"] = {"type": "object", "required": ["error"],
@@ -116,6 +122,19 @@ def build() -> dict[str, Any]:
                        "nothing is replayed. /health's features name it queue_events",
             "responses": {"200": _resp("Event stream", {"type": "string"},
                                        "text/event-stream"), **_errors(401, 503)}}},
+        "/v1/reservations": {"post": {
+            "summary": "A satellite heard its wake word: for ttl_s (default reservation_s, at "
+                       "most 15 s) the model's lower classes start no prompt chunk, and warm "
+                       "is computed as voice work; ends at expiry, on DELETE or when the "
+                       "satellite's voice request (X-Hearth-Satellite) arrives",
+            "requestBody": _body("ReservationCreate"),
+            "responses": {"200": _resp("id, model, expires_in_s", obj),
+                          **_errors(400, 401, 404, 503)}}},
+        "/v1/reservations/{rid}": {"delete": {
+            "summary": "End a reservation",
+            "parameters": [{"name": "rid", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"200": _resp("id, ended", obj), **_errors(401, 404)}}},
         "/v1/jobs": {
             "post": {"summary": "Submit a durable background job", "requestBody":
                      _body("JobCreate"), "responses": {"202": _resp("Job accepted", obj),

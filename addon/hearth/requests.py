@@ -216,6 +216,8 @@ class Request:
             "user": self.user,
             "queue_ms": ms(self.arrival, self.first_admitted_at),
             "ttft_ms": ms(self.arrival, self.first_token_at),
+            # the time to first token predicted when it arrived (engine.queue_eta)
+            "eta_ms": None if "eta_s" not in self.meta else round(1000 * self.meta["eta_s"], 1),
             "e2e_ms": ms(self.arrival, self.finished_at),
             "itl_ms": [round(g * 1000.0, 3) for g in self.itl],
             "prompt_tokens": self.n_prompt,

@@ -38,17 +38,6 @@ def _llama_cpp_version() -> str:
         return "unknown"
 
 
-def unservable(model: Any) -> str | None:
-    """Why the engine cannot serve this model correctly, or None. Recurrent and hybrid models
-    (Mamba, RWKV, Jamba, ...) keep a state per sequence that cannot be copied for a range or
-    cut at a position, which the prefix cache and preemption do all the time."""
-    if model.is_recurrent or model.is_hybrid:
-        kind = "a recurrent" if model.is_recurrent else "a hybrid (attention + recurrent)"
-        return (f"{kind} model: Hearth shares and trims each sequence's KV cache, which such "
-                "models' memory does not allow; serve a transformer model")
-    return None
-
-
 class Runtime:
     """One model: its worker process (llama.cpp), and in this process its engine thread,
     chat formatter and stats. The fleet may unload it and load it again; its stats live
@@ -256,7 +245,8 @@ class Runtime:
                          relax_prefill_bound=s.relax_prefill_bound, prefix_cache=s.prefix_cache,
                          prefix_cache_entries=entries, max_queue=s.max_queue,
                          prefix_cache_kept_share=s.prefix_cache_kept_share,
-                         draft_policy=s.draft_policy),
+                         draft_policy=s.draft_policy, deadlines=s.deadline_seconds(),
+                         reservation_s=s.reservation_s),
             self.stats)
 
     def _restore_prefixes(self, core: EngineCore, path: Path, n_ctx: int) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import ClientSession, web
 
-from . import __version__, discovery
-from .api import ollama, queue_stream
+from . import __version__, discovery, job_queue
+from .api import ollama, queue_stream, reservations
 from .api.claims import VoiceShares, claimed_rank, pinned_user
 from .api.guard import Guard
 from .api.http import (
@@ -38,6 +38,7 @@ from .api.http import (
     serve_completion,
 )
 from .api.names import listed, with_model
+from .api.queued import sse_status
 from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
 from .fleet.fleet import Fleet
 from .job_store import STATUSES, JobStore
@@ -52,7 +53,7 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 SERVER_ID = web.AppKey("server_id", str)
-FEATURES = ("tool_argument_sets", queue_stream.FEATURE)
+FEATURES = ("tool_argument_sets", queue_stream.FEATURE, *reservations.FEATURES)
 
 
 def server_id(data_dir: str) -> str:
@@ -151,7 +152,7 @@ async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 def openai_answer(request: web.Request, comp: Any) -> Awaitable[web.StreamResponse]:
     return serve_completion(request, comp, comp.body.stream, "text/event-stream", _sse,
-                            keepalive=SSE_KEEPALIVE)
+                            keepalive=SSE_KEEPALIVE, status=sse_status(comp))
 
 
 async def embeddings_handler(request: web.Request) -> web.Response:
@@ -168,8 +169,9 @@ async def warm_cache(request: web.Request) -> web.Response:
     """Cache a chat prompt for the class that will use it (voice unless named)."""
     ready(request)
     body = await read_body(request, ChatCompletionRequest)
-    return web.json_response(await with_model(request, body.model, body.priority, "voice",
-                                              lambda rt, rank: warm(rt, body, rank)))
+    return web.json_response(await with_model(
+        request, body.model, body.priority, "voice", lambda rt, rank: warm(rt, body, rank),
+        user=request_user(request, body.user)))
 
 
 async def queue(request: web.Request) -> web.Response:
@@ -207,9 +209,12 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    job = await asyncio.to_thread(request.app[JOBS].store.get, request.match_info["job_id"])
+    runner = request.app[JOBS]
+    job = await asyncio.to_thread(runner.store.get, request.match_info["job_id"], True)
     if job is None:
         raise ApiError(404, "no such job", "job_not_found", "job_id")
+    job["queue"] = job_queue.queue_of(runner, job)  # while it waits, else null
+    job.pop("request")
     return web.json_response(job)
 
 
@@ -276,7 +281,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     store = JobStore(Path(settings.data_dir) / "jobs.sqlite3", max_active=settings.job_queue_max,
                      max_bytes=settings.job_store_max_mb * 1_000_000,
                      max_request_bytes=settings.job_request_max_kb * 1_000)
-    app[JOBS] = JobRunner(store, fleet, concurrency=max(2, settings.n_parallel),
+    app[JOBS] = JobRunner(store, fleet, app[VOICE_SHARES],
+                          concurrency=max(2, settings.n_parallel),
                           retention_s=settings.job_retention_hours * 3600)
     app[METRICS] = Metrics(fleet)
     app[CLOSING] = asyncio.Event()
@@ -294,6 +300,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     r.add_delete("/v1/jobs/{job_id}", delete_job)
     r.add_get("/v1/events", events)
     queue_stream.install(app)  # GET /v1/queue/events
+    reservations.install(app)  # POST /v1/reservations, DELETE /v1/reservations/{id}
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
     ollama.add_routes(r)

@@ -190,9 +190,16 @@ class Settings(BaseModel):
         True, "while another household member waits, one member holds at most its fair share "
         "of the running sequences: its newest sequence of the same class makes room")
     max_queue: int = _opt(64, "most waiting requests per class before 429", ge=1)
+    deadlines: str = _opt(
+        "", "per class, the longest expected wait for a first token, in seconds, e.g. "
+        "'voice=8, chat=60' (or a JSON object): a request expected to wait longer gets 429 at "
+        "once, with Retry-After; jobs are never refused, they queue (empty = no deadlines)")
+    reservation_s: float = _opt(
+        5.0, "how long a wake word's reservation holds the voice model for the turn to come "
+        "(at most 15 s): lower classes start no prompt chunk meanwhile", gt=0, le=15)
     voice_per_member: int = _opt(
-        2, "most voice requests one member has waiting or running; more of its voice "
-        "requests run as chat", ge=1)
+        2, "most voice requests one member has waiting or running, jobs included; more of "
+        "its voice requests run as chat", ge=1)
     max_tokens_default: int = _opt(512, "max_tokens when a request names none", ge=1)
     constrain_tool_calls: bool = _opt(
         True, "under tool_choice auto, a tool call the model opens must match its tool's schema "
@@ -214,6 +221,18 @@ class Settings(BaseModel):
     # Logging
     verbose: bool = _opt(False, "show llama.cpp's native log", addon=False)
     log_level: Literal["debug", "info", "warning", "error"] = _opt("info", "log level")
+
+    @field_validator("deadlines", mode="before")
+    @classmethod
+    def _deadlines_text(cls, v: Any) -> Any:
+        if isinstance(v, dict):  # a JSON object (the command line, a test): kept as text
+            v = ", ".join(f"{k}={s}" for k, s in v.items())
+        if isinstance(v, str):
+            parse_deadlines(v)  # raises ValueError naming what is wrong
+        return v
+
+    def deadline_seconds(self) -> dict[str, float]:
+        return parse_deadlines(self.deadlines)
 
     @field_validator("n_ubatch")
     @classmethod
@@ -286,6 +305,35 @@ class Settings(BaseModel):
             name: f for name, f in cls.model_fields.items()
             if (f.json_schema_extra or {}).get("addon")
         }
+
+
+def parse_deadlines(text: str) -> dict[str, float]:
+    """``'voice=8, chat=60'`` or ``'{"voice": 8}'`` -> seconds by class (0 dropped)."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            pairs = list(json.loads(text).items())
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"deadlines: not a JSON object: {e}") from e
+    else:
+        pairs = [tuple(p.split("=", 1)) if "=" in p else (p, "")
+                 for p in (x.strip() for x in text.split(",")) if p]
+    out: dict[str, float] = {}
+    for name, value in pairs:
+        name = str(name).strip().lower()
+        if name not in CLASS_NAMES:
+            raise ValueError(f"deadlines: unknown class {name!r}; one of {', '.join(CLASS_NAMES)}")
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"deadlines: {name}: {value!r} is not a number of seconds") from e
+        if not 0 <= seconds < 1e6:
+            raise ValueError(f"deadlines: {name}: {seconds} is not 0 or more seconds")
+        if seconds:
+            out[name] = seconds
+    return out
 
 
 def _cli_name(field: str) -> str:

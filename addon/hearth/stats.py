@@ -51,6 +51,7 @@ class Stats:
         self.tokens: deque[tuple[float, int]] = deque()  # (time, generated tokens) per iteration
         self.completed = dict.fromkeys(CLASS_RANKS, 0)
         self.rejected = dict.fromkeys(CLASS_RANKS, 0)
+        self.shed = dict.fromkeys(CLASS_RANKS, 0)  # refused: past the deadline (429)
         self.failed = dict.fromkeys(CLASS_RANKS, 0)
         self.preemptions = 0
         self.preempted = dict.fromkeys(CLASS_RANKS, 0)
@@ -115,6 +116,7 @@ class Stats:
             finished = list(self.finished)
             tokens = list(self.tokens)
             counts = {"completed": dict(self.completed), "rejected": dict(self.rejected),
+                      "shed": dict(self.shed),
                       "failed": dict(self.failed), "preempted": dict(self.preempted)}
             totals = {"generated_tokens_total": self.generated_total,
                       "prompt_tokens_total": self.prompt_total,

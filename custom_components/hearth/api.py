@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -15,9 +14,11 @@ from .const import (
     LOGGER,
     QUEUE_EVENTS_PATH,
     REQUEST_TIMEOUT,
+    SATELLITE_HEADER,
     STREAM_READ_TIMEOUT,
     WARM_UP_TIMEOUT,
 )
+from .sse import QueueStatus, ServerEvent, iter_sse
 
 
 class HearthError(Exception):
@@ -50,17 +51,12 @@ class ApiError(HearthError):
         self.message = message
 
 
-@dataclass(slots=True)
-class ServerEvent:
-    """One server-sent event."""
+class Superseded(ApiError):
+    """A newer voice turn from the same satellite took this one's place while it waited."""
 
-    id: str | None
-    event: str
-    data: str
 
-    def json(self) -> Any:
-        """Return the event's data decoded as JSON."""
-        return json.loads(self.data)
+# The error code of a superseded voice request (a 409 body, or an error event in its stream).
+SUPERSEDED = "superseded"
 
 
 def server_id(health: dict[str, Any]) -> str | None:
@@ -94,45 +90,20 @@ def _error_message(body: bytes) -> str:
     return text[:500]
 
 
-async def _iter_lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """Yield the lines of a streamed body; lines may be longer than aiohttp's line limit."""
-    buffer = b""
-    async for chunk in response.content.iter_any():
-        buffer += chunk
-        while True:
-            index = buffer.find(b"\n")
-            if index < 0:
-                break
-            line, buffer = buffer[:index], buffer[index + 1 :]
-            yield line.rstrip(b"\r").decode(errors="replace")
-    if buffer:
-        yield buffer.rstrip(b"\r").decode(errors="replace")
+def _error_code(error: Any) -> str | None:
+    """The ``code`` (or else ``type``) of an OpenAI-shaped error object."""
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code") or error.get("type")
+    return code if isinstance(code, str) else None
 
 
-async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[ServerEvent]:
-    """Parse a text/event-stream body into events (comments are skipped)."""
-    event_id: str | None = None
-    event_type = "message"
-    data: list[str] = []
-    async for line in _iter_lines(response):
-        if not line:
-            if data:
-                yield ServerEvent(event_id, event_type, "\n".join(data))
-            event_type = "message"
-            data = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            event_type = value or "message"
-        elif field == "id":
-            event_id = value
-    if data:
-        yield ServerEvent(event_id, event_type, "\n".join(data))
+def _body_error_code(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return _error_code(data.get("error")) if isinstance(data, dict) else None
 
 
 class HearthClient:
@@ -146,12 +117,16 @@ class HearthClient:
         self.url = normalize_url(url)
         self._api_key = api_key or None
 
-    def _headers(self, request_class: str | None = None) -> dict[str, str]:
+    def _headers(
+        self, request_class: str | None = None, satellite: str | None = None
+    ) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         if request_class:
             headers[CLASS_HEADER] = request_class
+        if satellite:
+            headers[SATELLITE_HEADER] = satellite
         return headers
 
     async def _request(
@@ -205,6 +180,8 @@ class HearthClient:
         if status < 400:
             return
         message = _error_message(body)
+        if status == 409 and _body_error_code(body) == SUPERSEDED:
+            raise Superseded(status, message)
         if status == 401:
             raise InvalidAuth(message)
         if status == 404:
@@ -248,22 +225,33 @@ class HearthClient:
     # Chat completions
 
     async def async_chat_stream(
-        self, body: dict[str, Any], request_class: str | None = None
+        self,
+        body: dict[str, Any],
+        request_class: str | None = None,
+        *,
+        satellite: str | None = None,
+        on_queued: Callable[[QueueStatus], None] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Stream a chat completion, yielding the decoded chunks."""
+        """Stream a chat completion, yielding the decoded chunks.
+
+        ``satellite``: the voice turn's satellite, so a newer turn of it supersedes this one
+        while it waits (raised as :class:`Superseded`). ``on_queued`` hears each queue status
+        the server reports while the request waits.
+        """
         body = {**body, "stream": True}
+        headers = {**self._headers(request_class, satellite), "Accept": "text/event-stream"}
         try:
             async with self._session.post(
                 self.url + "/v1/chat/completions",
                 json=body,
-                headers={**self._headers(request_class), "Accept": "text/event-stream"},
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=REQUEST_TIMEOUT, sock_read=STREAM_READ_TIMEOUT
                 ),
             ) as response:
                 if response.status >= 400:
                     self._raise_for_status(response.status, await response.read())
-                async for event in iter_sse(response):
+                async for event in iter_sse(response, on_queued):
                     if event.data.strip() == "[DONE]":
                         return
                     try:
@@ -274,10 +262,33 @@ class HearthClient:
                     if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
                         err = chunk["error"]
                         message = err.get("message") if isinstance(err, dict) else str(err)
+                        if _error_code(err) == SUPERSEDED:
+                            raise Superseded(409, str(message))
                         raise ApiError(response.status, str(message))
                     yield chunk
         except (aiohttp.ClientError, TimeoutError) as err:
             raise CannotConnect(f"chat completion: {err or type(err).__name__}") from err
+
+    # Reservations
+
+    async def async_reserve(
+        self,
+        satellite: str,
+        *,
+        model: str | None = None,
+        warm: dict[str, Any] | None = None,
+        ttl_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Tell the server a voice turn from ``satellite`` is coming (its wake word was
+        heard): it keeps ``model`` free for it and computes the ``warm`` prompt (a
+        ``/v1/cache/warm`` body) for a few seconds. Servers whose /health features name
+        ``reservation``; answers ``{"id", "model", "expires_in_s"}``."""
+        body = {"model": model, "satellite": satellite, "ttl_s": ttl_s, "warm": warm}
+        return await self._request_object("POST", "/v1/reservations", json_body=body)
+
+    async def async_end_reservation(self, reservation_id: str) -> dict[str, Any]:
+        """End a reservation before it expires; raises NotFound once it has ended."""
+        return await self._request_object("DELETE", f"/v1/reservations/{reservation_id}")
 
     # Jobs
 

@@ -31,12 +31,17 @@ CONF_CLASS_POLICY: Final = "class_policy"
 CONF_REQUEST_CLASS: Final = "request_class"
 CONF_MODEL: Final = "model"
 CONF_CONFIRM_ACTIONS: Final = "confirm_actions"
+# A voice turn that waits says a short hold phrase first (:mod:`.hold`).
+CONF_HOLD_PHRASE: Final = "hold_phrase"
+CONF_HOLD_AFTER: Final = "hold_after_s"
 # The subentry's model option when it leaves the model to the server: each class's own.
 MODEL_CLASS_DEFAULT: Final = "class_default"
 
 DEFAULT_MAX_TOKENS: Final = 512
 DEFAULT_TEMPERATURE: Final = 0.7
 DEFAULT_MAX_HISTORY: Final = 20
+DEFAULT_HOLD_PHRASE: Final = True
+DEFAULT_HOLD_AFTER: Final = 2.0
 DEFAULT_AI_TASK_CLASS: Final = "background"
 DEFAULT_AI_TASK_MAX_TOKENS: Final = 1024
 
@@ -49,6 +54,8 @@ RECOMMENDED_CONVERSATION_OPTIONS: Final = {
     CONF_CLASS_POLICY: CLASS_POLICY_AUTO,
     CONF_MODEL: MODEL_CLASS_DEFAULT,
     CONF_CONFIRM_ACTIONS: True,
+    CONF_HOLD_PHRASE: DEFAULT_HOLD_PHRASE,
+    CONF_HOLD_AFTER: DEFAULT_HOLD_AFTER,
 }
 RECOMMENDED_AI_TASK_OPTIONS: Final = {
     CONF_REQUEST_CLASS: DEFAULT_AI_TASK_CLASS,
@@ -58,6 +65,10 @@ RECOMMENDED_AI_TASK_OPTIONS: Final = {
 
 # Header the server also accepts the class in.
 CLASS_HEADER: Final = "X-Hearth-Class"
+# Header naming a voice turn's satellite: a newer turn of it supersedes one still waiting.
+SATELLITE_HEADER: Final = "X-Hearth-Satellite"
+# What /health's features name when the server takes reservations on a wake word.
+RESERVATION_FEATURE: Final = "reservation"
 
 # Limits of the conversation tool loop.
 MAX_TOOL_ITERATIONS: Final = 10

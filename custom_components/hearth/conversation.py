@@ -16,10 +16,16 @@ from .const import (
     CLASS_POLICY_AUTO,
     CONF_CLASS_POLICY,
     CONF_CONFIRM_ACTIONS,
+    CONF_HOLD_AFTER,
+    CONF_HOLD_PHRASE,
     CONF_PROMPT,
+    DEFAULT_HOLD_AFTER,
+    DEFAULT_HOLD_PHRASE,
     DOMAIN,
 )
-from .entity import HearthBaseLLMEntity, warm_up_body
+from .entity import HearthBaseLLMEntity, model_field, warm_up_body
+from .hold import HoldPhrase, hold_phrase
+from .reservations import SatelliteReservations
 from .warm import PromptWarmer, heard_store
 
 if TYPE_CHECKING:
@@ -100,6 +106,20 @@ def warm_up_class_for(policy: str) -> str:
     return "voice" if not policy or policy == CLASS_POLICY_AUTO else policy
 
 
+def satellite_of(user_input: conversation.ConversationInput) -> str | None:
+    """The satellite a spoken turn came from (its entity id, else its device): the name the
+    server supersedes a waiting turn by, and the one its wake-word reservation was made for."""
+    return getattr(user_input, "satellite_id", None) or getattr(user_input, "device_id", None)
+
+
+def hold_for(options: Any, request_class: str, language: str | None) -> HoldPhrase | None:
+    """The hold phrase of a turn: voice turns only, unless the agent's options turn it off."""
+    if request_class != "voice" or not options.get(CONF_HOLD_PHRASE, DEFAULT_HOLD_PHRASE):
+        return None
+    after_s = float(options.get(CONF_HOLD_AFTER, DEFAULT_HOLD_AFTER))
+    return HoldPhrase(hold_phrase(language), after_s)
+
+
 def fairness_key_for(user_input: conversation.ConversationInput) -> str | None:
     """Whose turn this is for the server's fair share: the satellite (or device) it came from,
     otherwise the Home Assistant user."""
@@ -123,6 +143,7 @@ class HearthConversationEntity(
         """Initialize the agent."""
         super().__init__(entry, subentry)
         self.warmer: PromptWarmer | None = None
+        self.reservations: SatelliteReservations | None = None
         if self.subentry.data.get(CONF_LLM_HASS_API):
             self._attr_supported_features = conversation.ConversationEntityFeature.CONTROL
 
@@ -144,6 +165,16 @@ class HearthConversationEntity(
         )
         await self.warmer.async_load()
         self.async_on_remove(self.warmer.async_start())
+        agents = [s for s in self.entry.subentries.values() if s.subentry_type == "conversation"]
+        self.reservations = SatelliteReservations(
+            self.hass,
+            self.entry,
+            self.entity_id,
+            model=model_field(self.subentry.data).get("model"),
+            build=self._async_warm_up_body,
+            by_entry=len(agents) == 1,
+        )
+        self.async_on_remove(self.reservations.async_start())
 
     async def async_will_remove_from_hass(self) -> None:
         """Unregister the agent."""
@@ -175,11 +206,16 @@ class HearthConversationEntity(
                 self.warmer.async_heard(user_input.device_id)
             if user_input.context and user_input.context.user_id:
                 self.warmer.async_used_by(user_input.context.user_id)
+        satellite = satellite_of(user_input) if request_class == "voice" else None
+        if self.reservations is not None:
+            self.reservations.async_turn(getattr(user_input, "satellite_id", None))
         await self._async_handle_chat_log(
             chat_log,
             request_class=request_class,
             user=fairness_key_for(user_input),
             confirm_actions=options.get(CONF_CONFIRM_ACTIONS, True),
+            satellite=satellite,
+            hold=hold_for(options, request_class, user_input.language),
         )
         return conversation.async_get_result_from_chat_log(user_input, chat_log)
 

@@ -14,7 +14,7 @@ from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
 from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
-from .api import HearthError, InvalidAuth
+from .api import HearthError, InvalidAuth, Superseded
 from .attachments import async_add_attachments
 from .call_hint import ACT_ALONE, example_question, with_call_hint
 from .compat import exposed_entities, schema_to_openapi, vol, with_parent
@@ -39,6 +39,7 @@ from .const import (
 )
 from .coordinator import HearthQueueCoordinator
 from .described_call import Rescue
+from .hold import HoldPhrase
 from .intent_tools import (
     call_repair,
     intent_argument_values,
@@ -217,10 +218,15 @@ class HearthBaseLLMEntity(Entity):
         structure: vol.Schema | None = None,
         max_tokens: int | None = None,
         confirm_actions: bool = False,
+        satellite: str | None = None,
+        hold: HoldPhrase | None = None,
     ) -> None:
         """Answer the chat log, running the tools the model calls (up to 10 rounds). With
         ``confirm_actions``, a turn whose calls all did what was asked ends with Home
-        Assistant's own confirmation instead of a second model turn (:mod:`.confirm`)."""
+        Assistant's own confirmation instead of a second model turn (:mod:`.confirm`).
+        ``satellite``: the voice turn's, sent so that a newer turn of it supersedes this one
+        while it waits (the turn then ends quietly); ``hold``: its hold phrase (:mod:`.hold`).
+        """
         options = self.subentry.data
         data = self.entry.runtime_data
 
@@ -274,7 +280,8 @@ class HearthBaseLLMEntity(Entity):
                 def ask(tool_choice: str | dict[str, Any], sent: dict[str, Any] = request
                         ) -> AsyncIterator[dict[str, Any]]:
                     return data.client.async_chat_stream(
-                        {**sent, "tool_choice": tool_choice}, request_class)
+                        {**sent, "tool_choice": tool_choice}, request_class,
+                        satellite=satellite)
 
                 rescue = Rescue(
                     offered,
@@ -282,11 +289,14 @@ class HearthBaseLLMEntity(Entity):
                     echoes=echoes,
                     described=iteration == 0 and not question.read_first,
                 )
+            chunks = data.client.async_chat_stream(
+                request, request_class, satellite=satellite,
+                on_queued=hold.queued if hold else None)
             try:
-                stream = transform_stream(
-                    data.client.async_chat_stream(request, request_class),
-                    repair, rescue, question.refuse,
-                )
+                stream: AsyncIterator[Any] = transform_stream(
+                    hold.watch(chunks) if hold else chunks, repair, rescue, question.refuse)
+                if hold:
+                    stream = hold.speak(stream)
                 messages.extend(
                     [
                         convert_content(content)
@@ -300,6 +310,14 @@ class HearthBaseLLMEntity(Entity):
                 raise HomeAssistantError(
                     translation_domain=DOMAIN, translation_key="invalid_auth"
                 ) from err
+            except Superseded as err:
+                # A newer turn of the satellite took its place: nothing to say (the satellite
+                # has moved on to that turn).
+                LOGGER.info("Voice turn from %s superseded: %s", satellite, err)
+                chat_log.async_add_assistant_content_without_tools(
+                    conversation.AssistantContent(agent_id=self.entity_id, content="")
+                )
+                return
             except HearthError as err:
                 LOGGER.error("Error talking to the Hearth server: %s", err)
                 raise HomeAssistantError(

@@ -14,9 +14,10 @@ import asyncio
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from homeassistant.core import HomeAssistant, callback
+from homeassistant.core import CALLBACK_TYPE, HomeAssistant, callback
 from homeassistant.helpers.storage import Store
 
 from .api import HearthClient, HearthError, InvalidAuth, NotFound
@@ -98,6 +99,15 @@ def job_timings(job: dict[str, Any]) -> dict[str, Any]:
     return timings
 
 
+def job_queue(job: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a waiting job stands (``position``, 1 next, and ``eta_s`` to its first token), as
+    the server reports it; None once it runs, or from servers without queue ETAs."""
+    queue = job.get("queue")
+    if not isinstance(queue, dict):
+        return None
+    return {key: queue.get(key) for key in ("position", "eta_s")}
+
+
 def job_event_data(entry_id: str, job: dict[str, Any]) -> dict[str, Any]:
     """Build the data of a ``hearth_job_finished`` event."""
     result = job.get("result")
@@ -135,6 +145,9 @@ class HearthJobWatcher:
         self._task: asyncio.Task[None] | None = None
         self._poll_now = asyncio.Event()
         self._store = pending_store(hass, entry.entry_id)
+        # Where the jobs submitted here stand while they wait (id → position and ETA).
+        self.queued: dict[str, dict[str, Any]] = {}
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def pending(self) -> dict[str, str | None]:
@@ -164,6 +177,29 @@ class HearthJobWatcher:
         self._store.async_delay_save(self._stored, _SAVE_DELAY_S)
 
     @callback
+    def async_add_listener(self, update: Callable[[], None]) -> CALLBACK_TYPE:
+        """Call ``update`` when a waiting job's place in the queue changes."""
+        self._listeners.append(update)
+        return lambda: self._listeners.remove(update)
+
+    @callback
+    def _async_note_queue(self, job: dict[str, Any]) -> None:
+        job_id = job.get("id")
+        if not isinstance(job_id, str):
+            return
+        waiting = job_id in self._pending and job.get("status") not in JOB_TERMINAL_STATES
+        where = job_queue(job) if waiting else None
+        if where is not None:
+            where["tag"] = self._pending[job_id]
+            if self.queued.get(job_id) == where:
+                return
+            self.queued[job_id] = where
+        elif self.queued.pop(job_id, None) is None:
+            return
+        for update in list(self._listeners):
+            update()
+
+    @callback
     def async_start(self) -> None:
         """Start following the server; the task ends when the entry unloads."""
         self._task = self.entry.async_create_background_task(
@@ -181,12 +217,14 @@ class HearthJobWatcher:
             return
         self._pending[job_id] = job.get("tag")
         self._async_pending_changed()
+        self._async_note_queue(job)
         if not self.connected:
             self._poll_now.set()
 
     @callback
     def _async_job_update(self, job: dict[str, Any], *, replayed: bool = False) -> None:
         """Handle a job's new state; announce it once when it has finished."""
+        self._async_note_queue(job)
         job_id = job.get("id")
         if not job_id or job.get("status") not in JOB_TERMINAL_STATES:
             return

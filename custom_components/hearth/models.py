@@ -49,7 +49,7 @@ MODEL_STATES = ["ready", "loading", "unloading", "unloaded", "failed", "unreacha
 MODEL_ATTRIBUTES = ("classes", "aliases", "pinned", "in_use", "waiting", "running",
                     "memory_bytes", "keep_alive_s", "loads", "unloads",
                     "last_load_s", "paused_for_others_s", "url", "kind", "fallback",
-                    "max_concurrency", "error")
+                    "max_concurrency", "error", "eta_s")
 
 
 class HearthModelSensor(HearthServerEntity, SensorEntity):
@@ -61,7 +61,7 @@ class HearthModelSensor(HearthServerEntity, SensorEntity):
     _attr_translation_key = "model"
     _attr_entity_category = EntityCategory.DIAGNOSTIC
     # The load of the moment: shown, not kept in history (the class sensors keep the queue's).
-    _unrecorded_attributes = frozenset({"in_use", "waiting", "running"})
+    _unrecorded_attributes = frozenset({"in_use", "waiting", "running", "eta_s"})
 
     def __init__(self, entry: HearthConfigEntry, model: str) -> None:
         """Initialize the sensor."""

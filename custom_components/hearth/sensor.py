@@ -97,6 +97,32 @@ def _voice_cache_attributes(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def class_eta(data: dict[str, Any], cls: str) -> float | None:
+    """The seconds a request of ``cls`` arriving now is expected to wait for its first token
+    (``eta_s`` by class; None from servers without queue ETAs)."""
+    return _path("eta_s", cls)(data)
+
+
+def _waiting_attributes(cls: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A class's expected wait (``eta_s``) and where its waiting requests stand (``requests``:
+    id, member, position and ETA of each)."""
+
+    def read(data: dict[str, Any]) -> dict[str, Any]:
+        attributes: dict[str, Any] = {}
+        if (eta := class_eta(data, cls)) is not None:
+            attributes["eta_s"] = eta
+        listed = data.get("waiting_requests")
+        if isinstance(listed, list):
+            attributes["requests"] = [
+                {key: item.get(key) for key in ("id", "member", "position", "eta_s")}
+                for item in listed
+                if isinstance(item, dict) and item.get("class") == cls
+            ]
+        return attributes
+
+    return read
+
+
 def _descriptions() -> list[HearthSensorDescription]:
     descriptions: list[HearthSensorDescription] = []
     for cls in REQUEST_CLASSES:
@@ -108,6 +134,7 @@ def _descriptions() -> list[HearthSensorDescription]:
                 state_class=SensorStateClass.MEASUREMENT,
                 entity_registry_enabled_default=not less_used,
                 value_fn=_path("waiting", cls),
+                attributes_fn=_waiting_attributes(cls),
             ),
             HearthSensorDescription(
                 key=f"running_{cls}",
@@ -279,7 +306,12 @@ async def async_setup_entry(
     """Set up the queue sensors on the server's device, one sensor per model or remote
     worker the server reports (more appear as the server reports more), and the voice model's
     worker sensors once the server reports its worker."""
-    async_add_entities(HearthQueueSensor(config_entry, description) for description in SENSORS)
+    async_add_entities(
+        (HearthJobsQueuedSensor if description.key == "jobs_queued" else HearthQueueSensor)(
+            config_entry, description
+        )
+        for description in SENSORS
+    )
     coordinator = config_entry.runtime_data.coordinator
     known: set[str] = set()
     worker_added = False
@@ -305,6 +337,8 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
     """One number from ``/v1/queue``."""
 
     entity_description: HearthSensorDescription
+    # The queue of the moment: shown, not kept in history (the sensors' values keep it).
+    _unrecorded_attributes = frozenset({"eta_s", "requests", "jobs"})
 
     def __init__(
         self, entry: HearthConfigEntry, description: HearthSensorDescription
@@ -336,3 +370,22 @@ class HearthQueueSensor(HearthServerEntity, SensorEntity):
         if self.entity_description.attributes_fn is None:
             return None
         return self.entity_description.attributes_fn(self.coordinator.data or {}) or None
+
+
+class HearthJobsQueuedSensor(HearthQueueSensor):
+    """The server's queued jobs; the jobs submitted here that wait, with their place in the
+    queue and expected start (``jobs``), as attributes."""
+
+    async def async_added_to_hass(self) -> None:
+        """Follow the submitted jobs' places in the queue too."""
+        await super().async_added_to_hass()
+        watcher = self.coordinator.config_entry.runtime_data.jobs
+        self.async_on_remove(watcher.async_add_listener(self.async_write_ha_state))
+
+    @property
+    def extra_state_attributes(self) -> dict[str, Any] | None:
+        """Each waiting job submitted here: id, tag, position and ETA."""
+        queued = self.coordinator.config_entry.runtime_data.jobs.queued
+        if not queued:
+            return None
+        return {"jobs": [{"job_id": job_id, **where} for job_id, where in queued.items()]}

@@ -33,7 +33,7 @@ from .const import (
     SERVICE_GET_JOB,
     SERVICE_SUBMIT_JOB,
 )
-from .jobs import job_result_text, job_timings
+from .jobs import job_queue, job_result_text, job_timings
 
 if TYPE_CHECKING:
     from . import HearthConfigEntry
@@ -120,6 +120,8 @@ def _job_response(job: dict[str, Any]) -> dict[str, Any]:
     return {
         **job,
         "job_id": job.get("id"),
+        # Where it stands while it waits (None once it runs).
+        "queue": job_queue(job),
         "result_text": job_result_text(job),
         "timings": job_timings(job),
     }
@@ -152,7 +154,7 @@ async def _async_submit_job(call: ServiceCall) -> ServiceResponse:
     except HearthError as err:
         _raise_for(entry, hass, err)
     data.jobs.async_track(job)
-    return {"job_id": job.get("id"), "status": job.get("status")}
+    return {"job_id": job.get("id"), "status": job.get("status"), "queue": job_queue(job)}
 
 
 async def _async_job_call(call: ServiceCall, *, cancel: bool) -> ServiceResponse:

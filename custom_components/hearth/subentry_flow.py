@@ -26,6 +26,8 @@ from .const import (
     CLASS_POLICY_AUTO,
     CONF_CLASS_POLICY,
     CONF_CONFIRM_ACTIONS,
+    CONF_HOLD_AFTER,
+    CONF_HOLD_PHRASE,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_MODEL,
@@ -34,6 +36,8 @@ from .const import (
     CONF_TEMPERATURE,
     DEFAULT_AI_TASK_NAME,
     DEFAULT_CONVERSATION_NAME,
+    DEFAULT_HOLD_AFTER,
+    DEFAULT_HOLD_PHRASE,
     GENERATION_CLASSES,
     MODEL_CLASS_DEFAULT,
     RECOMMENDED_AI_TASK_OPTIONS,
@@ -109,8 +113,9 @@ def _clean_options(subentry_type: str, user_input: dict[str, Any]) -> dict[str, 
     for key in (CONF_MAX_TOKENS, CONF_MAX_HISTORY):
         if data.get(key) is not None:
             data[key] = int(data[key])
-    if data.get(CONF_TEMPERATURE) is not None:
-        data[CONF_TEMPERATURE] = float(data[CONF_TEMPERATURE])
+    for key in (CONF_TEMPERATURE, CONF_HOLD_AFTER):
+        if data.get(key) is not None:
+            data[key] = float(data[key])
     return data
 
 
@@ -164,6 +169,13 @@ def _options_schema(
                 NumberSelectorConfig(min=0, max=1000, step=1, mode=NumberSelectorMode.BOX)
             ),
             vol.Required(CONF_CONFIRM_ACTIONS, default=True): BooleanSelector(),
+            vol.Required(CONF_HOLD_PHRASE, default=DEFAULT_HOLD_PHRASE): BooleanSelector(),
+            vol.Required(CONF_HOLD_AFTER, default=DEFAULT_HOLD_AFTER): NumberSelector(
+                NumberSelectorConfig(
+                    min=0.5, max=30, step=0.5, mode=NumberSelectorMode.BOX,
+                    unit_of_measurement="s",
+                )
+            ),
             vol.Required(CONF_CLASS_POLICY, default=CLASS_POLICY_AUTO): SelectSelector(
                 SelectSelectorConfig(
                     options=[CLASS_POLICY_AUTO, *GENERATION_CLASSES],

@@ -1,197 +1,229 @@
-"""Which part of Hearth's model load crashes on a GPU build: each variant loads MODEL with every
-layer offloaded, makes a context and decodes one token, in a process of its own, and the table
-says which variants lived. The variants differ from llama.cpp's plain defaults one step at a
-time, up to Hearth's own adapter as its model worker calls it.
+"""Which part of Hearth's model load crashes, and how the worker's process differs from a plain
+one that loads the same model. Every variant loads MODEL through the worker's own bootstrap
+(hearth.runner.boot: rung, backend, model with every layer offloaded, context, canary decode),
+in a process of its own, so a crash costs only that variant:
 
-    python3 scripts/device/load_probe.py MODEL [VARIANT]   (no VARIANT: all, as a table)
+  raw                    llama.cpp's C API with its defaults (no Hearth code at all)
+  plain                  the bootstrap in a plain process, with the worker's process set-up
+  plain-no-setup         ... without it (stdout buffering, SIG_IGN, faulthandler)
+  plain-server-first     the server stack imported first (the old worker's order), set-up on
+  plain-server-first-no-setup
+  worker                 the model worker as the server starts it (hearth.fleet.process)
+  worker-server-first    the worker with the server stack imported before its bootstrap
+  worker-no-setup        the worker without its process set-up
+  worker-gdb             the worker under gdb (cuda-gdb where gdb is missing): every thread's
+                         native stack at a crash
+  plain-pre-llama3, worker-pre-llama3   MODEL with tokenizer.ggml.pre set to llama3 (no
+                         std::regex in the tokenizer), given by --pre-llama3 PATH
+
+    python3 scripts/device/load_probe.py MODEL [--out DIR] [--gpu-layers N] [--pre-llama3 PATH]
+        [--only V,V] [--timeout S]
+      each variant: OUT/VARIANT.log (all its output; a worker's whole start-up output), OUT/dump/
+      VARIANT/ (hearth.runner.snapshot before and after the load: libraries in load order,
+      signal dispositions, modules, /proc/PID/maps), OUT/summary.md (ok, or the signal, per
+      variant) and OUT/compare.md (worker against plain, side by side)
+    python3 scripts/device/load_probe.py MODEL --variant NAME   one variant in this process
 """
 
 from __future__ import annotations
 
-import faulthandler
-import logging
+import argparse
+import json
 import os
+import runpy
+import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "addon"))
+ADDON = Path(__file__).resolve().parents[2] / "addon"
+sys.path.insert(0, str(ADDON))
+# What the worker imported before llama.cpp until it had a bootstrap of its own.
+SERVER_STACK = ("asyncio", "ssl", "numpy", "pydantic", "aiohttp", "hearth.runtime",
+                "hearth.engine", "hearth.server")
+WORKER_MODULE = "hearth.runner"
 
 
-def _raw(path: str, hearth_params: bool) -> None:
+def cfg_for(model: str, gpu_layers: int) -> dict:
+    from dataclasses import asdict
+
+    from hearth.runner.protocol import ContextParams
+
+    return {"model": model, "embedding_model": "", "n_gpu_layers": gpu_layers, "use_mmap": True,
+            "verbose": True, "context": asdict(ContextParams(n_ctx=2048, n_seq_max=2)),
+            "embed_batch": 2048, "skip": []}
+
+
+def server_stack() -> None:
+    import importlib
+
+    for name in SERVER_STACK:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:  # a module this machine lacks: say so, go on
+            print(f"(not importable: {name}: {e})", file=sys.stderr)
+
+
+def raw(model: str, gpu_layers: int) -> None:
     import llama_cpp as L
 
     L.llama_backend_init()
     p = L.llama_model_default_params()
-    p.n_gpu_layers = 2**31 - 1 if hearth_params else -1
-    if hearth_params:
-        p.load_mode = L.LLAMA_LOAD_MODE_MMAP
-        p.use_extra_bufts = True
-    model = L.llama_model_load_from_file(path.encode(), p)
-    assert model, "no model"
-    cp = L.llama_context_default_params()
-    cp.n_ctx = 512
-    ctx = L.llama_init_from_model(model, cp)
+    p.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+    m = L.llama_model_load_from_file(model.encode(), p)
+    assert m, "no model"
+    ctx = L.llama_init_from_model(m, L.llama_context_default_params())
     assert ctx, "no context"
     tok = (L.llama_token * 1)(1)
     assert L.llama_decode(ctx, L.llama_batch_get_one(tok, 1)) == 0, "decode failed"
 
 
-def _hearth(path: str, verbose: bool = False, log_set: bool = True,
-            dynamic: bool = True, fault_handler: bool = False) -> None:
-    from hearth import llama_backends
-    from hearth.backend import LlamaBackend
-    from hearth.llama_adapter import ContextParams, Model, init_backend
-
-    if fault_handler:
-        faulthandler.enable(all_threads=True)
-    if verbose:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    if not log_set:
-        llama_backends.L.llama_log_set = lambda *a: None
-    if not dynamic:
-        llama_backends._load_dynamic_backends = lambda variant: None
-    init_backend(verbose=verbose)
-    print("backends:", llama_backends.backend_names(), file=sys.stderr)
-    model = Model(path, n_gpu_layers=-1)
-    b = LlamaBackend(model, ContextParams(n_ctx=2048, n_seq_max=2))
-    token = model.tokenize("Hearth warms up.", add_special=False)[0]
-    assert b.decode([token], [0], [0], [True]) == 0, "decode failed"
+def plain(model: str, gpu_layers: int, setup: bool, server_first: bool) -> None:
+    """The bootstrap in a plain process of its own (plain_load.py), its outcome ours."""
+    cmd = [sys.executable, str(Path(__file__).with_name("plain_load.py")),
+           json.dumps(cfg_for(model, gpu_layers)), *([] if setup else ["--no-setup"]),
+           *(["--server-first"] if server_first else [])]
+    rc = subprocess.run(cmd).returncode
+    if rc < 0:
+        sys.exit(f"outcome: {signal.Signals(-rc).name}")
+    if rc:
+        sys.exit(f"outcome: exit {rc}")
 
 
-def _worker_setup(imports: bool, signals: bool) -> None:
-    """What the worker does before its model load, apart from the load itself: its imports
-    (the runtime's, pydantic's among them) and its signal handling."""
-    if imports:
-        import hearth.runner.serve  # noqa: F401
-    if signals:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        faulthandler.enable(all_threads=True)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+def worker(model: str, gpu_layers: int, wrapper: list[str]) -> None:
+    import logging
+    import shlex
 
-
-def _worker_cfg(path: str, verbose: bool) -> dict:
-    """A worker's start-up settings as the runtime sends them: every layer offloaded, a small
-    context."""
-    from dataclasses import asdict
-
-    from hearth.runner.protocol import ContextParams
-
-    return {"model": path, "embedding_model": "", "n_gpu_layers": -1, "use_mmap": True,
-            "verbose": verbose, "context": asdict(ContextParams(n_ctx=2048, n_seq_max=2)),
-            "embed_batch": 2048, "skip": []}
-
-
-def _runner(path: str) -> None:
-    """The worker's own load (hearth.runner.serve.Runner.load) in this process, its channels a
-    socket pair whose far ends a thread drains."""
-    import socket
-    from multiprocessing.connection import Connection
-
-    from hearth.runner.protocol import AbortFlag
-    from hearth.runner.serve import Runner
-
-    pairs = [socket.socketpair() for _ in range(2)]
-    ours = [Connection(a.detach()) for a, _ in pairs]
-    theirs = [Connection(b.detach()) for _, b in pairs]
-
-    def drain() -> None:
-        while True:
-            try:
-                print("runner sent:", str(theirs[0].recv())[:200], file=sys.stderr)
-            except (EOFError, OSError):
-                return
-
-    threading.Thread(target=drain, daemon=True).start()
-    cfg = {**_worker_cfg(path, verbose=True), "abort_path": AbortFlag().path}
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    Runner(ours[0], ours[1], cfg).load()
-
-
-def _worker(path: str, verbose: bool = False, wrapper: str = "", thread: bool = False) -> None:
-    """The model worker as the server starts it (its own process, two socket channels, stderr
-    read into the log), optionally under a wrapper command (a debugger) or from a thread."""
     from hearth.fleet.process import WRAPPER_ENV, WorkerProcess
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     if wrapper:
-        os.environ[WRAPPER_ENV] = wrapper
-    cfg = _worker_cfg(path, verbose)
-    failed: list[BaseException] = []
+        os.environ[WRAPPER_ENV] = shlex.join(wrapper)
+    w = WorkerProcess(cfg_for(model, gpu_layers), 120.0)
+    try:
+        info = w.wait_ready(240.0)
+        print("worker ready:", info["rung"], info["backends"], file=sys.stderr)
+    except BaseException as e:  # the worker's start-up output, whole, then the outcome
+        print(f"--- the worker's output until it died:\n{getattr(e, 'output', '')}\n---",
+              file=sys.stderr)
+        print(f"outcome: worker {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(3)
+    finally:
+        w.kill()
 
-    def start() -> None:
-        w = WorkerProcess(cfg, 60.0)
+
+def launch(how: str, command: list[str]) -> None:
+    """Run as a worker's wrapper: prepare as ``how`` says, then the worker's own module in
+    this process (``command`` is ``python -m hearth.runner FD FD``)."""
+    if how == "server-first":
+        server_stack()
+    elif how == "no-setup":
+        from hearth.runner import boot
+
+        boot.set_up_process = lambda: None
+    at = command.index("-m")
+    sys.argv = [command[at + 1], *command[at + 2:]]
+    runpy.run_module(command[at + 1], run_name="__main__", alter_sys=True)
+
+
+def debugger() -> list[str]:
+    gdb = shutil.which("gdb") or shutil.which("cuda-gdb")
+    if not gdb:
+        return []
+    return [gdb, "-q", "-batch", "-ex", "set pagination off", "-ex", "run",
+            "-ex", "thread apply all bt", "-ex", "info sharedlibrary", "--args"]
+
+
+def variants(a: argparse.Namespace) -> dict[str, object]:
+    me = [sys.executable, str(Path(__file__).resolve())]
+    pre = a.pre_llama3 or ""
+    return {
+        "raw": lambda: raw(a.model, a.gpu_layers),
+        "plain": lambda: plain(a.model, a.gpu_layers, True, False),
+        "plain-no-setup": lambda: plain(a.model, a.gpu_layers, False, False),
+        "plain-server-first": lambda: plain(a.model, a.gpu_layers, True, True),
+        "plain-server-first-no-setup": lambda: plain(a.model, a.gpu_layers, False, True),
+        "worker": lambda: worker(a.model, a.gpu_layers, []),
+        "worker-server-first": lambda: worker(a.model, a.gpu_layers,
+                                              [*me, "--launch", "server-first", "--"]),
+        "worker-no-setup": lambda: worker(a.model, a.gpu_layers,
+                                          [*me, "--launch", "no-setup", "--"]),
+        "worker-gdb": lambda: worker(a.model, a.gpu_layers, debugger()) if debugger() else
+        sys.exit("skipped: neither gdb nor cuda-gdb here"),
+        "plain-pre-llama3": lambda: plain(pre, a.gpu_layers, True, False) if pre else
+        sys.exit("skipped: no --pre-llama3 model"),
+        "worker-pre-llama3": lambda: worker(pre, a.gpu_layers, []) if pre else
+        sys.exit("skipped: no --pre-llama3 model"),
+    }
+
+
+def outcome(rc: int, text: str) -> str:
+    said = [ln for ln in text.splitlines() if ln.startswith(("outcome:", "skipped:"))]
+    if said:
+        return said[-1].removeprefix("outcome: ")
+    if rc == 0:
+        return "ok"
+    if rc == -999:
+        return "timed out"
+    if rc < 0:
+        return signal.Signals(-rc).name
+    return f"exit {rc}"
+
+
+def run_all(a: argparse.Namespace) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = a.only.split(",") if a.only else list(variants(a))
+    rows = []
+    for name in names:
+        dump = out / "dump" / name
+        shutil.rmtree(dump, ignore_errors=True)
+        env = {**os.environ, "HEARTH_BOOT_DUMP": str(dump), "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, __file__, a.model, "--variant", name, "--gpu-layers",
+               str(a.gpu_layers), *(["--pre-llama3", a.pre_llama3] if a.pre_llama3 else [])]
+        t0 = time.monotonic()
         try:
-            print("worker:", w.wait_ready(120.0)["backends"], file=sys.stderr)
-        except BaseException as e:  # reported by the caller
-            failed.append(e)
-        finally:
-            w.kill()
+            run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, errors="replace", env=env, timeout=a.timeout)
+            rc, text = run.returncode, run.stdout
+        except subprocess.TimeoutExpired as e:
+            rc = -999
+            text = (e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes)
+                    else e.stdout or "") + "\n(timed out)"
+        (out / f"{name}.log").write_text(text)
+        seen = outcome(rc, text)
+        rows.append((name, seen, time.monotonic() - t0))
+        print(f"{name}: {seen} ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+    lines = ["| variant | outcome | s |", "|---|---|---:|"]
+    lines += [f"| {n} | {o} | {s:.1f} |" for n, o, s in rows]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    from probe_compare import compare
 
-    if thread:
-        t = threading.Thread(target=start)
-        t.start()
-        t.join()
-    else:
-        start()
-    if failed:
-        raise failed[0]
-
-
-VARIANTS = {
-    "raw": lambda p: _raw(p, False),
-    "raw-hearth-params": lambda p: _raw(p, True),
-    "hearth": lambda p: _hearth(p),
-    "hearth-verbose": lambda p: _hearth(p, verbose=True),
-    "hearth-no-log-callback": lambda p: _hearth(p, log_set=False),
-    "hearth-no-backend-loading": lambda p: _hearth(p, dynamic=False),
-    "hearth-faulthandler": lambda p: _hearth(p, fault_handler=True),
-    "hearth-after-worker-imports": lambda p: (_worker_setup(True, False), _hearth(p)),
-    "hearth-after-worker-signals": lambda p: (_worker_setup(False, True), _hearth(p)),
-    "hearth-after-both": lambda p: (_worker_setup(True, True), _hearth(p)),
-    "runner-in-process": _runner,
-    "worker": lambda p: _worker(p),
-    "worker-from-thread": lambda p: _worker(p, thread=True),
-    "worker-verbose": lambda p: _worker(p, verbose=True),
-    "worker-env-minimal": lambda p: _worker(p, wrapper=(
-        f"env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')} "
-        f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}")),
-    "worker-stdio": lambda p: _worker(p, wrapper="sh -c 'exec \"$@\" </dev/null 2>/tmp/w.err' sh"),
-    # gdb writes to stdout, which the server sends to /dev/null: send it to stderr, the log
-    "worker-gdb": lambda p: _worker(p, wrapper=(
-        "sh -c 'exec cuda-gdb -q -batch -ex run -ex bt -ex \"info sharedlibrary\" "
-        "--args \"$@\" 1>&2' sh")),
-}
+    (out / "compare.md").write_text(compare(out / "dump"))
+    return 0
 
 
 def main() -> int:
-    model = sys.argv[1]
-    if len(sys.argv) > 2:
-        VARIANTS[sys.argv[2]](model)
-        print("ok", file=sys.stderr)
+    if len(sys.argv) > 1 and sys.argv[1] == "--launch":
+        launch(sys.argv[2], sys.argv[sys.argv.index("--") + 1:])
         return 0
-    rows = []
-    for name in VARIANTS:
-        t0 = time.monotonic()
-        try:
-            run = subprocess.run([sys.executable, __file__, model, name], capture_output=True,
-                                 text=True, timeout=150)
-        except subprocess.TimeoutExpired as e:
-            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
-            run = subprocess.CompletedProcess(e.cmd, -999, "", err + "\n(timed out)")
-        tail = [ln for ln in run.stderr.splitlines() if ln.strip()][-3:]
-        if name == "worker-stdio" and os.path.exists("/tmp/w.err"):
-            run.stderr += Path("/tmp/w.err").read_text()[-3000:]
-        rows.append((name, run.returncode, time.monotonic() - t0, " | ".join(tail)[-300:]))
-        print(f"--- {name}: rc {run.returncode}\n{run.stderr[-3000:]}", file=sys.stderr)
-    print("| variant | exit | s | last lines |\n|---|---:|---:|---|")
-    for name, rc, s, tail in rows:
-        print(f"| {name} | {rc} | {s:.1f} | {tail} |")
-    return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--variant", default="")
+    ap.add_argument("--out", default="probe")
+    ap.add_argument("--gpu-layers", type=int, default=-1, help="-1: every layer")
+    ap.add_argument("--pre-llama3", default="", help="MODEL with tokenizer.ggml.pre=llama3")
+    ap.add_argument("--only", default="", help="comma-separated variants (default all)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per variant")
+    a = ap.parse_args()
+    if a.variant:
+        variants(a)[a.variant]()  # type: ignore[operator]
+        print("outcome: ok", file=sys.stderr)
+        return 0
+    return run_all(a)
 
 
 if __name__ == "__main__":

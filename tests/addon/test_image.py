@@ -21,19 +21,10 @@ import signal
 import sqlite3
 import subprocess
 import time
-import urllib.error
-import urllib.request
-import uuid
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from hearth_server import free_port
+from addon_container import CONFIG, ENV, ROOT, podman
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = yaml.safe_load((ROOT / "addon" / "config.yaml").read_text())
-ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "scripts" / "addon" / "containers.conf")}
 QEMU = shutil.which("qemu-x86_64-static")
 # Runs a VEX-encoded instruction (vzeroall): fine on an AVX CPU, SIGILL on one without.
 AVX_PROBE = """
@@ -47,122 +38,12 @@ pytestmark = pytest.mark.skipif(shutil.which("podman") is None,
                                 reason="podman is missing (make addon-test installs it)")
 
 
-def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["podman", *args], env=ENV, capture_output=True, text=True,
-                          check=check, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def image() -> str:
     out = subprocess.run([str(ROOT / "scripts" / "addon" / "build_image"), "cpu"], env=ENV,
                          capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stderr[-4000:]
     return out.stdout.strip().splitlines()[-1]
-
-
-class Addon:
-    """One add-on container: its /data and /config folders live on the host, as the
-    Supervisor keeps them, so they outlive the container's stops and starts."""
-
-    def __init__(self, image: str, root: Path, options: dict[str, Any] | None = None,
-                 entrypoint: list[str] | None = None, env: dict[str, str] | None = None):
-        self.name = f"hearth-test-{uuid.uuid4().hex[:8]}"
-        self.data, self.config = root / "data", root / "config"
-        self.data.mkdir(parents=True)
-        self.config.mkdir(parents=True)
-        (self.data / "options.json").write_text(json.dumps({**CONFIG["options"],
-                                                            **(options or {})}))
-        self.port = free_port()
-        args = ["create", "--name", self.name, "--init",
-                "--stop-timeout", str(CONFIG["timeout"]),
-                "-p", f"127.0.0.1:{self.port}:8080",
-                "-v", f"{self.data}:/data", "-v", f"{self.config}:/config"]
-        for key, value in (env or {}).items():
-            args += ["-e", f"{key}={value}"]
-        if entrypoint:
-            args += ["-v", f"{QEMU}:/usr/bin/qemu-x86_64-static:ro",
-                     "--entrypoint", json.dumps(entrypoint)]
-        podman(*args, image)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        podman("start", self.name)
-
-    def running(self) -> bool:
-        return podman("inspect", "-f", "{{.State.Running}}", self.name).stdout.strip() == "true"
-
-    def logs(self) -> str:
-        out = podman("logs", self.name, check=False)
-        return (out.stdout + out.stderr)[-6000:]
-
-    def wait_healthy(self, timeout: float) -> None:
-        """As the Supervisor waits: the image's own HEALTHCHECK, run until it passes."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.running(), f"the container exited:\n{self.logs()}"
-            if podman("healthcheck", "run", self.name, check=False).returncode == 0:
-                return
-            time.sleep(1)
-        raise AssertionError(f"not healthy after {timeout:.0f} s:\n{self.logs()}")
-
-    def wait_ready(self, timeout: float) -> dict[str, Any]:
-        """Without the healthcheck (it would run natively beside the emulated server)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.running(), f"the container exited:\n{self.logs()}"
-            try:
-                return self.get("/health")
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(2)
-        raise AssertionError(f"not ready after {timeout:.0f} s:\n{self.logs()}")
-
-    def get(self, path: str) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + path, timeout=30) as r:
-            return json.loads(r.read())
-
-    def post(self, path: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-
-    def wait_job(self, job_id: str, statuses: tuple[str, ...], timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        job: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            job = self.get(f"/v1/jobs/{job_id}")
-            if job["status"] in statuses:
-                return job
-            time.sleep(0.2)
-        raise AssertionError(f"job {job_id} still {job.get('status')}:\n{self.logs()}")
-
-    def stop(self) -> tuple[float, int]:
-        t0 = time.monotonic()
-        podman("stop", self.name, timeout=CONFIG["timeout"] + 60)
-        took = time.monotonic() - t0
-        code = int(podman("inspect", "-f", "{{.State.ExitCode}}", self.name).stdout)
-        return took, code
-
-    def remove(self) -> None:
-        podman("rm", "-f", "-t", "0", self.name, check=False)
-
-
-@pytest.fixture
-def addons(tmp_path):
-    made: list[Addon] = []
-
-    def make(*args: Any, **kwargs: Any) -> Addon:
-        addon = Addon(*args, tmp_path / f"addon{len(made)}", **kwargs)
-        made.append(addon)
-        return addon
-
-    yield make
-    for addon in made:
-        addon.remove()
 
 
 def test_image_carries_cpu_variants_and_no_compiler(image):
@@ -249,6 +130,7 @@ def test_runs_on_a_cpu_without_avx(image, addons):
     # qemu-user emulates one process (an exec would run natively): the model's worker, the
     # only process that runs llama.cpp; the server runs natively.
     addon = addons(image, options={"n_ctx": 1024, "n_parallel": 1, "n_threads": 2},
+                   volumes=(f"{QEMU}:/usr/bin/qemu-x86_64-static:ro",),
                    env={"PYTHONPATH": f"/opt/hearth:{site}",
                         "HEARTH_WORKER_WRAPPER": " ".join(qemu)},
                    entrypoint=["/usr/bin/python3", "-m", "hearth", "serve",

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from .fake_queue_stream import FakeQueueStream
+from .fake_voice import FakeVoice
 
 API_KEY = "hearth-test-key"
 
@@ -89,6 +90,7 @@ class FakeHearth:
         self.queue_status: int | None = None
         self.queue_requests = 0  # GET /v1/queue answered (polls and refreshes)
         self.queue_stream = FakeQueueStream(self)  # offered when features name it
+        self.voice = FakeVoice(self)  # reservations, and chat streams' comments and waits
         # The /v1/cache/warm bodies received; warm_status: answer that error instead (404: an
         # older server without warm-ups).
         self.warm_requests: list[dict[str, Any]] = []
@@ -142,6 +144,7 @@ class FakeHearth:
         app.router.add_delete("/v1/jobs/{job_id}", self._cancel_job)
         app.router.add_get("/v1/events", self._events)
         app.router.add_get("/v1/queue/events", self.queue_stream.handle)
+        self.voice.add_routes(app.router)
         self._runner = web.AppRunner(app, shutdown_timeout=1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -160,6 +163,8 @@ class FakeHearth:
         for _ in range(self.event_subscribers):
             self.events.put_nowait(None)
         self.queue_stream.end()
+        if self.voice.release is not None:
+            self.voice.release.set()
         await asyncio.sleep(0)
         if self._runner is not None:
             await self._runner.cleanup()
@@ -244,9 +249,13 @@ class FakeHearth:
             return self._unauthorized()
         body = await request.json()
         self.chat_requests.append((dict(request.headers), body))
+        if (refused := self.voice.refusal(dict(request.headers))) is not None:
+            return refused
         chunks = self.chat_handler(body)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if not await self.voice.before_answer(response):
+            return response
         for chunk in chunks:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from homeassistant.core import Context, State
 
-from custom_components.hearth.api import iter_sse, normalize_url
+from custom_components.hearth.api import normalize_url
 from custom_components.hearth.confirm import _response_key
 from custom_components.hearth.conversation import fairness_key_for, request_class_for
 from custom_components.hearth.jobs import job_event_data, job_result_text
 from custom_components.hearth.messages import transform_stream, trim_history
+from custom_components.hearth.sse import iter_sse
 
 from .conftest import deprecation_reports
 

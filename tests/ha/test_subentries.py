@@ -14,6 +14,8 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 from custom_components.hearth.const import (
     CONF_CLASS_POLICY,
     CONF_CONFIRM_ACTIONS,
+    CONF_HOLD_AFTER,
+    CONF_HOLD_PHRASE,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_PROMPT,
@@ -45,6 +47,8 @@ async def test_subentry_flows(hass: HomeAssistant, fake_entry: MockConfigEntry) 
             CONF_MAX_HISTORY: 5.0,
             CONF_CLASS_POLICY: "voice",
             CONF_CONFIRM_ACTIONS: False,
+            CONF_HOLD_PHRASE: False,
+            CONF_HOLD_AFTER: 3,
         },
     )
     assert result["type"] is FlowResultType.CREATE_ENTRY
@@ -57,6 +61,8 @@ async def test_subentry_flows(hass: HomeAssistant, fake_entry: MockConfigEntry) 
         CONF_MAX_HISTORY: 5,
         CONF_CLASS_POLICY: "voice",
         CONF_CONFIRM_ACTIONS: False,
+        CONF_HOLD_PHRASE: False,
+        CONF_HOLD_AFTER: 3.0,
     }
     await hass.async_block_till_done()
 
@@ -92,6 +98,8 @@ async def test_subentry_flows(hass: HomeAssistant, fake_entry: MockConfigEntry) 
     assert result["reason"] == "reconfigure_successful"
     data = fake_entry.subentries[agent.subentry_id].data
     assert data[CONF_CLASS_POLICY] == "auto"
+    # Left out of the form: the hold phrase on, after the default 2 s.
+    assert (data[CONF_HOLD_PHRASE], data[CONF_HOLD_AFTER]) == (True, 2.0)
     assert CONF_LLM_HASS_API not in data
     await hass.async_block_till_done()
 

@@ -116,10 +116,11 @@ def usage_spy() -> Iterator[list[dict[str, Any]]]:
     stream = HearthClient.async_chat_stream
 
     async def with_usage(
-        self: HearthClient, body: dict[str, Any], request_class: str | None = None
+        self: HearthClient, body: dict[str, Any], request_class: str | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[dict[str, Any]]:
         body = {**body, "stream_options": {"include_usage": True}}
-        async for chunk in stream(self, body, request_class):
+        async for chunk in stream(self, body, request_class, **kwargs):
             if chunk.get("usage"):
                 usages.append(chunk["usage"])
             yield chunk

@@ -1,11 +1,13 @@
 """Who may claim which class, against the real server: member keys keep to their classes and
 run as their member; a member's voice flood past its share runs as chat while another member's
-voice stays voice (the answer's X-Hearth-Class header says which class a request ran in)."""
+voice stays voice (the answer's X-Hearth-Class header says which class a request ran in); the
+same share holds for jobs, so a member's flood of voice jobs does not hold up another's chat."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 
 from hearth_server import HearthServer
 from test_lan_security import send
@@ -70,3 +72,44 @@ def test_a_members_voice_flood_runs_as_chat_past_its_share(server):
     assert len(classes["flood"]) == 10
     assert 1 <= classes["flood"].count("voice") <= 4, classes
     assert classes["flood"].count("chat") >= 6
+
+
+def _running(server) -> tuple[dict[str, int], int]:
+    _, q = server.get("/v1/queue")
+    return q["running"], q["iterations"]
+
+
+def test_a_members_voice_jobs_keep_to_its_share_and_do_not_hold_up_anothers_chat(server):
+    """A member's flood of long voice jobs fills every slot the job runner may take (as many
+    as n_parallel): at most its share (2) run as voice, the rest as chat, so another member's
+    short chat takes a slot by fairness at once and is answered in a few iterations, while
+    none of the flood's jobs (which need 96 each) has finished. Were the jobs all voice, the
+    chat would wait for a slot until the first of them finished."""
+    flood = {"messages": [{"role": "user", "content": "Tell me a long story."}],
+             "max_tokens": 96, "ignore_eos": True, "temperature": 0, "user": "flood"}
+    ids = []
+    for _ in range(12):
+        status, job = server.post("/v1/jobs", {"request": flood, "class": "voice"})
+        assert status == 202, job
+        ids.append(job["id"])
+    try:
+        deadline = time.monotonic() + 120
+        running, _ = _running(server)
+        while sum(running.values()) < 8 and time.monotonic() < deadline:  # n_parallel: 8
+            time.sleep(0.05)
+            running, _ = _running(server)
+        assert sum(running.values()) >= 8, running
+        assert running["voice"] <= 2, running  # the share, not every slot
+        _, before = _running(server)
+        status, headers, answer = _chat(server.url, user="light", max_tokens=4,
+                                        ignore_eos=True)
+        _, after = _running(server)
+        assert status == 200 and headers["X-Hearth-Class"] == "chat", answer
+        _, done = server.get("/v1/jobs?status=done&limit=1000")
+        finished = [j for j in done["data"] if j["id"] in ids]
+        # The chat's own iterations are about 5 (its prompt, 4 tokens); the flood's 96 each.
+        assert after - before <= 40, (before, after)
+        assert not finished, [j["id"] for j in finished]
+    finally:
+        for job_id in ids:  # other tests share this server
+            send(server.url, f"/v1/jobs/{job_id}", method="DELETE")

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 import pytest
+from llama_in_process import open_model
 from real_model import greedy
 
 from hearth.backend import LlamaBackend
 from hearth.engine import Engine, EngineConfig, EngineCore, RequestError
-from hearth.llama_adapter import Context, ContextParams, Model, init_backend
-from hearth.models import packaged_model
+from hearth.llama_adapter import Context, ContextParams
 from hearth.prompts import ChatFormatter
 from hearth.requests import Request, SamplingParams
 from hearth.scheduler import PolicyConfig, class_rank
@@ -24,8 +24,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def model():
-    init_backend()
-    m = Model(packaged_model())
+    m = open_model()
     yield m
     m.close()
 
@@ -307,8 +306,8 @@ def test_embeddings_many_inputs_in_one_decode(model):
 
 def test_the_embedded_model_is_one_the_engine_can_share(model):
     """SmolLM2 is a plain transformer: neither recurrent nor hybrid, no sliding window, so
-    Hearth serves it (a recurrent or hybrid GGUF is refused at load, see runtime.unservable)."""
-    from hearth.runtime import unservable
+    Hearth serves it (a recurrent or hybrid GGUF is refused at load, see runner.boot.unservable)."""
+    from hearth.runner.boot import unservable
 
     assert (model.is_recurrent, model.is_hybrid, model.n_swa) == (False, False, 0)
     assert unservable(model) is None

@@ -1,7 +1,8 @@
 """llama.cpp's grammar path fuzzed in a worker process (issue 26): random schemas within
 Hearth's limits go through the converter, the limits, llama.cpp's grammar parser and a sampled
-token, in a real worker. A schema that crashes llama.cpp kills that worker, not the test run:
-the failure names the schema, and the next example gets a new worker."""
+token, in a real worker on the rung the server would pick (tests/llama_in_process.py). A schema
+that crashes llama.cpp kills that worker, not the test run: the failure names the schema, and
+the next example gets a new worker."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import asdict
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from llama_in_process import skipped_rungs
 from schema_strategies import schemas
 
 from hearth.engine.base import WorkerLost
@@ -29,7 +31,8 @@ class Worker:
 
     def __init__(self) -> None:
         self.cfg = {"model": str(packaged_model()), "embedding_model": "", "n_gpu_layers": 0,
-                    "use_mmap": True, "verbose": False, "skip": [], "embed_batch": 64,
+                    "use_mmap": True, "verbose": False, "skip": skipped_rungs(),
+                    "embed_batch": 64,
                     "context": asdict(ContextParams(n_ctx=512, n_seq_max=2, n_batch=64,
                                                     n_ubatch=64, n_threads=2))}
         self.proc: WorkerProcess | None = None

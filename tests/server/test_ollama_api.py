@@ -41,6 +41,10 @@ def test_version_list_show_ps(client, server, model):
     assert "tools" in shown.capabilities and "embedding" not in shown.capabilities
     assert shown.modelinfo and listed.details.quantization_level == "Q4_1"
     assert "{%" in shown.template  # the model's own chat template
+    # The file's name only: a client on the LAN learns nothing of the server's folders.
+    (source,) = [line.removeprefix("FROM ") for line in shown.modelfile.splitlines()
+                 if line.startswith("FROM ")]
+    assert source.endswith(".gguf") and "/" not in shown.modelfile
     (loaded,) = client.ps().models
     assert loaded.model == model and loaded.size == listed.size
     # The OpenAI listing carries the same aliases, after the model.

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from llama_in_process import open_model
 from real_model import greedy as _greedy
 
-from hearth.llama_adapter import Model, init_backend
 from hearth.llama_sampling import Sampler, json_schema_grammar
-from hearth.models import packaged_model
 from hearth.requests import SamplingParams
 from hearth.tool_grammars import (
     LAZY_CALL_TRIGGER,
@@ -35,8 +34,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def model():
-    init_backend()
-    m = Model(packaged_model())
+    m = open_model()
     yield m
     m.close()
 

@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from hearth_server import HearthServer
@@ -95,6 +96,9 @@ def test_a_cpu_that_lies_at_the_canary_moves_down_a_rung_and_serves(crashy):
     w = worker(crashy)
     assert w["last_crash"]["cause"].startswith("SIGILL")
     assert w["last_crash"]["rung"] == RUNGS[0] and w["step_down"] == step
+    # Its whole output from its start is kept in a file of its own, under its cause.
+    kept = Path(w["last_crash"]["output_log"]).read_text()
+    assert kept.startswith("SIGILL") and "(while starting)" in kept, kept[-2000:]
     status, out = crashy.post("/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
     assert status == 200 and out["choices"][0]["message"]["content"]

@@ -54,3 +54,18 @@ def test_voice_past_a_members_share_runs_as_chat_and_shares_come_back():
     for rank in got:
         shares.leave("a", rank)
     assert shares.enter("a", VOICE_RANK) == VOICE_RANK and shares.held["a"] == 1
+
+
+def test_a_held_share_comes_back_when_the_work_fails():
+    """The share a route or a job holds while it runs (VoiceShares.hold) is given back however
+    the work ends: a failed voice job does not keep its member's voice."""
+    shares = VoiceShares(per_member=1)
+    try:
+        with shares.hold("a", VOICE_RANK) as rank:
+            assert rank == VOICE_RANK
+            with shares.hold("a", VOICE_RANK) as second:
+                assert second == CHAT_RANK  # past the share: chat
+            raise RuntimeError("the worker went away")
+    except RuntimeError:
+        pass
+    assert "a" not in shares.held

@@ -194,7 +194,7 @@ def test_a_decode_that_will_not_stop_costs_its_worker_not_the_process():
 def test_models_the_engine_cannot_share_are_refused_by_name():
     from types import SimpleNamespace
 
-    from hearth.runtime import unservable
+    from hearth.runner.boot import unservable
 
     def model(**kind):
         return SimpleNamespace(**{"is_recurrent": False, "is_hybrid": False, **kind})

@@ -4,16 +4,16 @@ of the same file (the packaged SmolLM2), and refusing what is not a GGUF."""
 from __future__ import annotations
 
 import pytest
+from llama_in_process import open_model
 
 from hearth.fleet.gguf import GGUFError, read_metadata, shape_of
-from hearth.llama_adapter import Model
 from hearth.models import packaged_model
 
 
 def test_shape_matches_what_llama_cpp_reads():
     path = packaged_model()
     shape = shape_of(path)
-    model = Model(path)
+    model = open_model(path)
     arch = model.meta("general.architecture")
     assert shape.architecture == arch
     assert shape.n_layer == int(model.meta(f"{arch}.block_count"))

@@ -13,7 +13,7 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from proc_sched import SCHED_IDLE, SCHED_OTHER, thread_sched
+from proc_sched import SCHED_OTHER, thread_sched
 
 from hearth.fleet.load_priority import LoadTurn
 from hearth.policy.load_yield import IDLE_RANK, LoadClock, LoadYield
@@ -26,10 +26,11 @@ RANKS = [VOICE, CHAT, AGENT, BACKGROUND, IDLE_RANK]
 
 def test_the_rule():
     rule = LoadYield()
-    assert rule.low_priority(IDLE_RANK) and rule.low_priority(BACKGROUND)
-    assert rule.low_priority(AGENT)
-    assert not rule.low_priority(VOICE) and not rule.low_priority(CHAT)  # someone waits
-    assert not LoadYield(enabled=False).low_priority(IDLE_RANK)
+    assert rule.low_priority(IDLE_RANK, True) and rule.low_priority(BACKGROUND, True)
+    assert rule.low_priority(AGENT, True)
+    assert not rule.low_priority(VOICE, True) and not rule.low_priority(CHAT, True)  # waited
+    assert not rule.low_priority(BACKGROUND, False)  # no other model serves: nobody to yield
+    assert not LoadYield(enabled=False).low_priority(IDLE_RANK, True)
     assert rule.wants_pause(IDLE_RANK, [VOICE]) and rule.wants_pause(BACKGROUND, [CHAT])
     assert rule.wants_pause(CHAT, [VOICE])
     assert not rule.wants_pause(IDLE_RANK, [AGENT, BACKGROUND])  # only voice and chat
@@ -154,7 +155,7 @@ def turn(own: list[int], others: list[int], **rule) -> LoadTurn:
 
 
 def test_the_turn_stops_the_loading_worker_while_voice_runs_and_continues_it_after():
-    others: list[int] = []
+    others: list[int] = [IDLE_RANK]  # another model serves, idle
     t, sup, w = turn([], others), Sup(), Worker()
     assert t.low
     sup.starting = w
@@ -219,20 +220,24 @@ def test_a_load_voice_waits_for_starts_at_normal_priority_and_never_pauses():
 
 
 # -- the worker's side: a thread at the lowest priority, the others untouched ----------------
-def test_the_low_priority_thread_is_idle_class_and_ends_when_closed():
+def test_a_load_with_no_other_model_serving_is_not_lowered():
+    assert not turn([], []).low
+
+
+def test_the_low_priority_thread_is_nice_19_and_ends_when_closed():
     low = LowPriorityThread()
     me, pid = threading.get_native_id(), os.getpid()
     tid = low.call(threading.get_native_id)
     state = thread_sched(pid, tid)
-    assert state is not None and state[1] == 19 and state[2] == SCHED_IDLE, state
-    assert low.lowered.get("policy") == "SCHED_IDLE"
+    assert state is not None and state[1] == 19 and state[2] == SCHED_OTHER, state
+    assert low.lowered.get("nice") == 19
     caller = thread_sched(pid, me)
     assert caller is not None and caller[2] == SCHED_OTHER and caller[1] != 19
     # A thread it starts inherits it (llama.cpp's compute threads).
     child: list = []
     low.call(lambda: (t := threading.Thread(target=lambda: child.append(
         thread_sched(pid, threading.get_native_id())))).start() or t.join())
-    assert child[0][2] == SCHED_IDLE
+    assert child[0][1] == 19
     assert low.call(lambda a, b: a + b, 2, 3) == 5
     with pytest.raises(ValueError, match="inside"):
         low.call(lambda: (_ for _ in ()).throw(ValueError("inside")))

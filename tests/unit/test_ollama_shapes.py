@@ -4,10 +4,13 @@ them, and errors name the fields the client sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from hearth.api.http import ApiError
-from hearth.api.ollama import _quantization, _Shaper
+from hearth.api.ollama import _file_name, _quantization, _Shaper
 from hearth.api.ollama_convert import chat_request, generate_request, keep_alive_seconds
 from hearth.api.ollama_models import ChatBody, GenerateBody
 
@@ -69,3 +72,27 @@ def test_errors_name_the_fields_the_client_sent():
                                        "system": "be brief"})
     with pytest.raises(ApiError, match="raw mode"):
         generate_request(raw, default_max=8)
+
+
+def _worker(path: Path | None = None, model: str = "", url: str = "",
+            remote_model: str = "") -> SimpleNamespace:
+    spec = SimpleNamespace(url=url, remote_model=remote_model)
+    return SimpleNamespace(name="small", remote=bool(url), path=path,
+                           entry=SimpleNamespace(spec=spec),
+                           rt=SimpleNamespace(settings=SimpleNamespace(model=model)))
+
+
+@pytest.mark.parametrize(("worker", "shown"), [
+    (_worker(Path("/srv/hearth/models/qwen2.5-1.5b-q4_k_m.gguf"),
+             "/srv/hearth/models/qwen2.5-1.5b-q4_k_m.gguf"), "qwen2.5-1.5b-q4_k_m.gguf"),
+    (_worker(None, "https://user:secret@example.org/m/qwen.gguf?token=k"), "qwen.gguf"),
+    (_worker(None, "/data/models/gemma.gguf"), "gemma.gguf"),
+    (_worker(None, ""), "small"),
+    (_worker(None, "", url="http://192.168.1.30:8000", remote_model="Qwen/Qwen3-8B"),
+     "Qwen/Qwen3-8B"),
+    (_worker(None, "/srv/local.gguf", url="http://192.168.1.30:8000"), "small"),
+])
+def test_show_names_the_file_not_the_servers_folders(worker, shown):
+    """/api/show's modelfile names the model's file alone: no folder of the server's disk, no
+    download URL (which may carry a key), and for a remote model the remote's own name."""
+    assert _file_name(worker) == shown

@@ -56,3 +56,25 @@ def test_a_client_leaving_closes_the_source_and_its_pending_read(monkeypatch):
         return got, closed.is_set()
 
     assert asyncio.run(run()) == ([b"0", b"1", b"2", KEEP], True)
+
+
+def test_a_waiting_stream_says_where_it_stands_when_that_changes(monkeypatch):
+    """``: queued`` comments while the request waits: at once, then only on a change and at
+    most one each STATUS_S; none once it runs (issue 45)."""
+    monkeypatch.setattr(http, "STATUS_S", 0.05)
+    monkeypatch.setattr(http, "STATUS_TICK_S", 0.01)
+    places = [b": queued position=2 eta_s=3.0\n\n"] * 3 + \
+        [b": queued position=1 eta_s=1.0\n\n"] * 20 + [None] * 1000
+
+    async def run() -> list[bytes]:
+        it = iter(places)
+
+        async def frames():
+            await asyncio.sleep(0.4)  # waits, then answers
+            yield b"token"
+
+        return [f async for f in http._kept_alive(frames(), KEEP, lambda: next(it))]
+
+    out = asyncio.run(run())
+    assert out == [b": queued position=2 eta_s=3.0\n\n", b": queued position=1 eta_s=1.0\n\n",
+                   b"token"]

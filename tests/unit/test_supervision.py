@@ -5,6 +5,7 @@ suspected twice (the real processes: tests/server/test_worker_crashes.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -161,3 +162,19 @@ def test_the_top_rung_reports_no_step_down_and_an_old_rungs_file_still_reads(tmp
     old = serving(Supervisor({}, tmp_path, watchdog_s=5), "zen4")
     assert old.skip == ["sapphirerapids"]
     assert old.report()["step_down"]["why"] == "a crash at start"
+
+
+def test_a_worker_that_died_at_start_keeps_its_whole_output_in_a_file(tmp_path):
+    from hearth.fleet.supervisor import CRASH_LOGS
+
+    sup = Supervisor({}, tmp_path, watchdog_s=5)
+    output = "\n".join(f"line {i}" for i in range(5000))  # far more than the log's tail
+    for i in range(CRASH_LOGS + 2):
+        sup.crashed(WorkerLost(f"SIGSEGV {i}", signal=11, rung="zen4", during="starting",
+                               output=output), at_start=True)
+    kept = sup.report()["last_crash"]["output_log"]
+    text = Path(kept).read_text()
+    assert text.startswith(f"SIGSEGV {CRASH_LOGS + 1}\n") and text.rstrip().endswith(output)
+    assert len(list((tmp_path / "worker-crashes").glob("*.log"))) == CRASH_LOGS
+    sup.crashed(WorkerLost("SIGKILL", signal=9, rung="zen4"))  # while serving: no output
+    assert sup.report()["last_crash"]["output_log"] is None

@@ -24,7 +24,8 @@ def test_counts_by_class_and_a_view_replaced_whole():
     kv = KVSpace(b, cfg, WaitQueue(), lambda: 0)
     core = SimpleNamespace(b=b, pool=kv.pool, cost=batcher.cost, policy=policy, batcher=batcher,
                            store=None, waiting=WaitQueue(), embed_waiting=[], running=[],
-                           _inbox=deque())
+                           _inbox=deque(),
+                           queue_eta=SimpleNamespace(publish=lambda now: {}))
     core.waiting.append(request(b, "chat", 10, 1, seed=1)[0])
     core.running.append(request(b, "voice", 10, 1, seed=2)[0])
     core._inbox.append(("add", request(b, "chat", 10, 1, seed=3)[0]))

@@ -7,14 +7,17 @@ asks for none runs in the key's class nearest the endpoint's default, and its me
 key's name whatever the request says. The ``api_key`` (the one Home Assistant gets through
 discovery) may use every class and name its members.
 
-Either way a member holds at most ``voice_per_member`` voice requests at once: more of its
-voice requests run as chat, so one member's flood tagged ``voice`` cannot hold up another's.
+Either way a member holds at most ``voice_per_member`` voice requests at once, on every route
+that runs work, jobs included (:mod:`hearth.jobs`): more of its voice requests run as chat, so
+one member's flood tagged ``voice`` cannot hold up another's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 from collections import Counter
+from collections.abc import Iterator
 
 from aiohttp import web
 
@@ -78,6 +81,15 @@ class VoiceShares:
             return CHAT_RANK
         self.held[who] += 1
         return rank
+
+    @contextlib.contextmanager
+    def hold(self, user: str | None, rank: int) -> Iterator[int]:
+        """The class ``user``'s request of class ``rank`` runs in, its share held meanwhile."""
+        rank = self.enter(user, rank)
+        try:
+            yield rank
+        finally:
+            self.leave(user, rank)
 
     def leave(self, user: str | None, rank: int) -> None:
         if rank == VOICE_RANK:

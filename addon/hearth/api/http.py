@@ -21,6 +21,7 @@ from ..metrics import Metrics
 from ..scheduler import class_rank
 from .claims import VoiceShares, authenticate, claimed_rank, key_required, pinned_user
 from .guard import Guard
+from .satellite import tag_satellite
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,13 @@ OPEN_PATHS = {"/health", "/"}
 # clients give up on a silent socket.
 KEEPALIVE_S = 15.0
 SSE_KEEPALIVE = b": keepalive\n\n"
+STATUS_S = 1.0  # a waiting stream's queue comments: at most one a second
+STATUS_TICK_S = 0.25  # how often a waiting stream looks at where it stands
 OLLAMA_PREFIX = "/api/"
 
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          409: "superseded",  # a newer voice turn from the same satellite (the only 409)
           415: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
@@ -220,12 +224,15 @@ async def serve_completion(
     frames: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[bytes]],
     whole: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r,
     keepalive: bytes | None = None,
+    status: Callable[[], bytes | None] | None = None,
 ) -> web.StreamResponse:
     """Submit ``comp`` and write its answer: the whole response, or its chunks as the wire's
     ``frames`` (with ``keepalive`` written after every KEEPALIVE_S without one: a long prompt
     on a slow CPU, or a tool call held until it is whole, sends nothing for minutes, and
     clients give up on a silent socket). A client that leaves mid-stream cancels the request
-    and frees its sequence."""
+    and frees its sequence. ``status``: a comment line on where the request stands while it
+    waits (``: queued position=… eta_s=…``), written when it changes, at most one a second."""
+    tag_satellite(request, comp)
     comp.submit()
     try:
         if stream and hasattr(comp, "start"):  # a remote worker: its status before ours
@@ -236,7 +243,8 @@ async def serve_completion(
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
-            async with contextlib.aclosing(_kept_alive(frames(comp.chunks()), keepalive)) as out:
+            async with contextlib.aclosing(
+                    _kept_alive(frames(comp.chunks()), keepalive, status)) as out:
                 async for frame in out:
                     await resp.write(frame)
             await resp.write_eof()
@@ -247,23 +255,39 @@ async def serve_completion(
         comp.cancel()  # no-op when finished; frees the sequence when the client went away
 
 
-async def _kept_alive(frames: AsyncIterator[bytes], keepalive: bytes | None
+async def _kept_alive(frames: AsyncIterator[bytes], keepalive: bytes | None,
+                      status: Callable[[], bytes | None] | None = None
                       ) -> AsyncIterator[bytes]:
-    """``frames``, with ``keepalive`` between two that are KEEPALIVE_S or more apart."""
+    """``frames``, with ``keepalive`` between two that are KEEPALIVE_S or more apart, and
+    ``status`` lines when they change (at most one each STATUS_S)."""
     if keepalive is None:
         async for frame in frames:
             yield frame
         return
     it = aiter(frames)
     nxt: asyncio.Future[bytes] | None = None
+    loop = asyncio.get_running_loop()
+    said: bytes | None = None
+    said_at = quiet_since = loop.time()
     try:
         while True:
+            if status is not None and (line := status()) is not None and line != said \
+                    and (said is None or loop.time() - said_at >= STATUS_S):
+                said, said_at = line, loop.time()
+                quiet_since = said_at
+                yield line
             if nxt is None:
                 nxt = asyncio.ensure_future(anext(it))
-            done, _ = await asyncio.wait({nxt}, timeout=KEEPALIVE_S)
+            wait = KEEPALIVE_S - (loop.time() - quiet_since)
+            if status is not None:
+                wait = min(wait, STATUS_TICK_S)
+            done, _ = await asyncio.wait({nxt}, timeout=max(0.0, wait))
             if not done:
-                yield keepalive
+                if loop.time() - quiet_since >= KEEPALIVE_S:
+                    quiet_since = loop.time()
+                    yield keepalive
                 continue
+            quiet_since = loop.time()
             try:
                 frame = nxt.result()
             except StopAsyncIteration:

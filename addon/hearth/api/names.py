@@ -51,15 +51,12 @@ async def use_model(request: web.Request, name: str | None, priority: str | int 
     past its share runs as chat; the answer's ``X-Hearth-Class`` header says which)."""
     fleet = request.app[FLEET]
     model, alias = resolve(request, name, ollama=ollama)
-    shares = request.app[VOICE_SHARES]
-    rank = shares.enter(user, request_class(request, priority, default_class, alias))
-    request[CLASS_USED] = RANK_NAMES[rank]
-    try:
+    asked = request_class(request, priority, default_class, alias)
+    with request.app[VOICE_SHARES].hold(user, asked) as rank:
+        request[CLASS_USED] = RANK_NAMES[rank]
         model = model or fleet.registry.for_class(RANK_NAMES[rank])
         async with fleet.use(model, rank, keep_alive_s) as rt:
             yield rt, rank
-    finally:
-        shares.leave(user, rank)
 
 
 async def with_model(request: web.Request, name: str | None, priority: str | int | None,

@@ -10,7 +10,9 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -67,6 +69,20 @@ def _file_facts(w: Any) -> tuple[int, str, str]:
     ident = f"{w.path}:{st.st_size}:{st.st_mtime_ns}".encode()
     when = convert.go_time(datetime.fromtimestamp(st.st_mtime, UTC))
     return st.st_size, hashlib.sha256(ident).hexdigest(), when
+
+
+def _file_name(w: Any) -> str:
+    """The model's file as ``/api/show`` names it: the file's name alone. A path would tell
+    any client on the LAN how the server's disk is laid out, a download URL may carry a key;
+    a model on another server is named as that server names it."""
+    if w.remote:
+        return w.entry.spec.remote_model or w.name
+    if w.path is not None:
+        return w.path.name
+    source = w.rt.settings.model  # not on disk yet: a file name, a path or an https:// URL
+    if "://" in source:
+        source = urlsplit(source).path
+    return PurePosixPath(source).name or w.name
 
 
 def _listed(w: Any, names: list[str]) -> list[dict[str, Any]]:
@@ -129,9 +145,9 @@ async def show(request: web.Request) -> web.Response:
     info = {k: w.meta.get(k) for k in ("general.architecture", "general.name",
                                          f"{arch}.context_length", f"{arch}.embedding_length")}
     template = w.meta.get("tokenizer.chat_template") or ""
-    where = w.path or w.rt.settings.model
+    name = _file_name(w)
     return web.json_response({
-        "modelfile": f"# Served by Hearth from {where}\nFROM {where}\n",
+        "modelfile": f"# Served by Hearth\nFROM {name}\n",
         "parameters": "", "template": template,
         "details": details, "model_info": info,
         "capabilities": template_capabilities(template), "modified_at": modified})

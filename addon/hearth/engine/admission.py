@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..policy.queue import WaitQueue
+from ..prefix_index import common_prefix
 from ..requests import Request
 from ..scheduler import Policy
 from ..stats import Stats
@@ -101,27 +102,27 @@ class Admitter:
             need = len(r.tokens) - hit + 1  # the uncached prompt and the first token's cell
             if blocked is not None and (victim is not None or need > self.kv.pool.free_cells):
                 continue  # passing a request that waits takes only cells that are free
-            if victim is not None:
-                if self.room(r, entry, hit, r.rank, now, victim) < need:
-                    break  # a slot without the cells: the victim's work would be lost for nothing
-                self.preempt(victim, now)
-            fits = self.make_room(r, need, entry, now, r.rank, hit)
+            fits, held = self.make_room(r, need, entry, now, r.rank, hit, victim)
+            if not fits and victim is not None:
+                break  # a slot without the cells or an id: the victim's work would be lost
             if not fits and not self.running:
-                # Nothing else will ever free room: any prefix may go, its own hit too.
-                entry, hit, need = None, 0, len(r.tokens) + 1
-                fits = self.make_room(r, need, None, now, None)
+                # Nothing else will ever free room: any prefix may go (its own hit last).
+                fits, held = self.make_room(r, need, entry, now, None, hit)
+                if not fits:
+                    entry, hit, need = None, 0, len(r.tokens) + 1
+                    fits, held = self.make_room(r, need, None, now, None)
             if not fits:
                 if not self.running:  # nothing will ever free room: refuse it
                     self._fail(r, "the KV cache cannot hold this prompt", now, status=400)
                     continue
                 blocked = r  # it waits for room; only a few of its class may pass it
                 continue
-            if entry is not None and entry.seq_id not in self.kv.pool.entries:
-                # A preempted sequence's kept prefix superseded the hit: it serves as well.
-                entry, hit = self.kv.pool.find(r.tokens)
+            if held is not entry:  # a preempted sequence's kept prefix holds the hit now
+                entry = held
+                hit = min(common_prefix(held.tokens, r.tokens), len(r.tokens) - 1) if held else 0
                 need = len(r.tokens) - hit + 1
                 if self.kv.pool.free_cells < need:
-                    break
+                    break  # it does not happen: the hit's tokens are kept (make_room)
             seq = self.kv.pool.take_id()
             # Nothing running frees an id later: then any entry may go (not its hit).
             if seq is None and self.kv.free_id(entry, r.rank if self.running else None):
@@ -139,39 +140,61 @@ class Admitter:
             if blocked is not None:
                 blocked.meta["_overtaken"] = blocked.meta.get("_overtaken", 0) + 1
 
-    def make_room(self, r: Request, need: int, entry: Any, now: float,
-                   rank: int | None, hit: int = 0) -> bool:
+    def make_room(self, r: Request, need: int, entry: Any, now: float, rank: int | None,
+                  hit: int = 0, first: Request | None = None) -> tuple[bool, Any]:
         """Free ``need`` cells for ``r`` if that is possible keeping the ``hit`` tokens of its
-        ``entry``: cached prefixes first (only as many as needed, in the pool's order, none a
-        higher class than ``rank`` is served by; of a prefix running sequences share in part,
-        the rest), then running sequences of a lower class, lowest and newest first, and those
-        only when they make enough room (preempting without admitting would throw their work
-        away)."""
-        if self.kv.pool.free_cells >= need:
-            return True
-        if self.room(r, entry, hit, rank, now) < need:
-            return False
-        victims = self.policy.priority_victims(r, self.running, now)
+        ``entry``: cached prefixes (only as many as needed, in the pool's order, none a higher
+        class than ``rank`` is served by; of a prefix running sequences share in part, the
+        rest), and running sequences of a lower class, lowest and newest first, only as many
+        as needed; ``first`` (a slot's victim) goes in any case. Nothing is preempted unless
+        the preemption is rehearsed to give ``r`` its cells and a sequence id
+        (:meth:`plan`): preempting without admitting would throw their work away. Returns
+        whether the room was made, and the entry that holds the hit then (the kept prefix of
+        a victim may have superseded ``entry``)."""
+        if first is None and self.kv.pool.free_cells >= need:
+            return True, entry
+        plan = self.plan(r, need, entry, hit, rank, now, first)
+        if plan is None:
+            return False, entry
+        victims, keep = plan
+        for victim in victims:
+            self.preempt(victim, now, keep_kv=keep)
+        entry = self.kv.holding(self.kv.pool, entry, r.tokens, hit)
         wanted = self.kv.wanted()
         while self.kv.pool.free_cells < need:
-            if self.kv.free_cache(entry, hit, rank, wanted):
-                continue
-            victim = next((v for v in victims if v in self.running), None)
-            if victim is None:
-                return False
-            self.preempt(victim, now)
-        return True
+            if not self.kv.free_cache(entry, hit, rank, wanted):
+                log.warning("admission rehearsed room for request %s that was not there", r.id)
+                return False, entry
+        return True, entry
 
-    def room(self, r: Request, entry: Any, hit: int, rank: int | None, now: float,
-              also: Request | None = None) -> int:
-        """The cells ``r`` could have, keeping ``hit`` tokens of ``entry``: free ones, those
-        evicting and trimming prefixes frees once the lower classes ``r`` may preempt (and
-        ``also``) are out, and theirs (they come back as prefixes nobody shares). Counted
-        exactly: a cell a staying sequence needs, through any chain of prefixes, is not room."""
+    def plan(self, r: Request, need: int, entry: Any, hit: int, rank: int | None,
+             now: float, first: Request | None = None) -> tuple[list[Request], bool] | None:
+        """The fewest running sequences ``r`` may preempt (``first`` among them) after which
+        it has ``need`` cells keeping the ``hit`` tokens of ``entry`` and, if anyone goes, a
+        sequence id; and whether their cells are kept as prefixes. Each is rehearsed on a
+        copy of the pool with the victims' kept prefixes as the insert leaves them: one may
+        supersede ``entry`` (it then holds the hit), take the id ``r`` needs, or be kept
+        against ``r``'s class; then they go unkept, and if that fails too, nobody goes."""
         victims = self.policy.priority_victims(r, self.running, now)
-        if also is not None and also not in victims:
-            victims = [*victims, also]
-        return self.kv.room(entry, hit, rank, victims)
+        if first is not None:
+            victims = [first, *(v for v in victims if v is not first)]
+        if self.kv.room(entry, hit, rank, victims) < need:
+            return None  # not even with every victim's cells freed
+        for k in range(0 if first is None else 1, len(victims) + 1):
+            if k == 0:
+                if self.kv.room_in(self.kv.pool, entry, hit, rank) >= need:
+                    return [], True
+                continue
+            staying = len(self.running) > k
+            for keep in (True, False):
+                pool = self.kv.rehearse(victims[:k], keep)
+                held = self.kv.holding(pool, entry, r.tokens, hit)
+                if entry is not None and held is None:
+                    continue
+                if (self.kv.room_in(pool, held, hit, rank) >= need
+                        and self.kv.id_in(pool, held, rank if staying else None)):
+                    return victims[:k], keep
+        return None
 
     def preempt(self, victim: Request, now: float, keep_kv: bool = True) -> None:
         """The victim waits again with every token it has (prompt + generated). Its computed

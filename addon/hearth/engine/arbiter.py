@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ..policy.arbitration import IDLE_RANK, Arbitration
+from ..policy.classes import VOICE_RANK
 
 PAUSE_POLL_S = 0.01  # how often a paused engine looks again
 
@@ -19,6 +20,9 @@ def best_rank(core: Any) -> int:
     ranks = [r.rank for r in (*list(core.running), *list(core.waiting),
                               *list(core.embed_waiting))]
     ranks += [x.rank for kind, x in list(core._inbox) if kind == "add"]
+    sats = getattr(core, "satellites", None)
+    if sats is not None and sats.book.live():  # a wake word: its voice turn is coming
+        ranks.append(VOICE_RANK)
     return min(ranks, default=IDLE_RANK)
 
 

@@ -3,10 +3,11 @@ item, and the constants that tune it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..decode_sample import SampleAfterDecode as SampleAfterDecode
+from ..decode_sample import sample_run as sample_run
 from ..requests import Request, SamplingParams
 
 # While other streams decode, a voice prompt's prefill iterations may run this many latency
@@ -68,52 +69,14 @@ class Backend(Protocol):
     def embed_limits(self) -> tuple[int, int]: ...  # (tokens per batch, inputs per batch)
 
 
-def sample_run(sample: Callable[[int], int], row: int, drafts: list[int]) -> list[int]:
-    """The tokens a stream gets from one decode that checked ``drafts`` after its last token:
-    sampled at ``row`` and on, in order, while each equals the draft fed after it. Every token
-    is the model's own sample given the tokens before it, so the output is what decoding one
-    token at a time would give (for any sampler); the drafts only decide how many come of one
-    decode. The last token is always one the draft did not guess (or there were no more)."""
-    run: list[int] = []
-    for j in range(len(drafts) + 1):
-        run.append(sample(row + j))
-        if j == len(drafts) or run[-1] != drafts[j]:
-            return run
-    return run
-
-
-class SampleAfterDecode:
-    """``decode_sample`` for an in-process backend: decode, then sample each output. A worker
-    process's backend does both in one round trip."""
-
-    n_draft = 0
-    draft_s = 0.0
-
-    def decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
-                      outputs: list[bool], samples: list[tuple]) -> tuple[int, list[Any]]:
-        status = self.decode(tokens, pos, seqs, outputs)  # type: ignore[attr-defined]
-        if status != 0:
-            return status, []
-        out: list[Any] = []
-        for s, i, *drafts in samples:
-            if drafts:
-                out.append(sample_run(lambda j, s=s: self.sample(s, j),  # type: ignore[attr-defined]
-                                      i, drafts[0]))
-            else:
-                out.append(self.sample(s, i))  # type: ignore[attr-defined]
-        return status, out
-
-    def draft(self, tokens: list[int], k: int, sampler: Any = None) -> list[int]:
-        return []
-
-
 class WorkerLost(BaseException):
     """The process that runs the backend is gone (a crash, a kill, a hang). A BaseException:
     the engine's handlers for one request's failure (``except Exception``) must not take it
     for that request's fault; the engine thread handles it."""
 
     def __init__(self, cause: str, signal: int | None = None, during: str = "",
-                 rung: str | None = None, blame: int = 0, suspect: bool = True):
+                 rung: str | None = None, blame: int = 0, suspect: bool = True,
+                 output: str = ""):
         super().__init__(cause)
         self.cause = cause
         self.signal = signal
@@ -123,6 +86,8 @@ class WorkerLost(BaseException):
         # Whether what it was computing may have killed it: not for a SIGKILL from outside
         # (the OOM killer, an operator), which no request's code sends.
         self.suspect = suspect
+        # A worker that died before it was ready: all it wrote from its start (bounded).
+        self.output = output
 
 
 class RequestError(Exception):
@@ -172,6 +137,10 @@ class EngineConfig:
     # "measured": a draft model guesses as many tokens as pay (engine.drafts); "always": as
     # many as it may, every voice decode (to measure what drafting does).
     draft_policy: str = "measured"
+    # Seconds by class name: a request expected to wait longer for its first token is
+    # refused at once (engine.queue_eta); absent or 0: none.
+    deadlines: dict[str, float] = field(default_factory=dict)
+    reservation_s: float = 5.0  # a wake word's reservation, unless it names its own
 
 
 

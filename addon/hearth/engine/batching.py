@@ -61,10 +61,19 @@ class BatchComposer:
         ``n_decode`` decode tokens (attending ``decode_attended`` positions) in one iteration
         of ``stretch`` latency targets (an ``interactive`` prompt: someone waits for it);
         the batch's room when the policy does not keep iterations to the bound (``bounded``)."""
-        self.stretching = False
+        n, self.stretching = self.budget(n_decode, stretch, decode_attended, start, interactive,
+                                         bounded)
+        return n
+
+    def budget(self, n_decode: int, stretch: float = 1.0, decode_attended: int = 0,
+               start: int = 0, interactive: bool = False, bounded: bool = True
+               ) -> tuple[int, bool]:
+        """:meth:`prefill_budget`, and whether it stretched past the target; changes
+        nothing (other threads ask it for queue estimates)."""
+        stretching = False
         cap = max(0, self.b.n_batch - n_decode)
         if not bounded:
-            return cap
+            return cap, stretching
         target = self.target()
 
         def within(seconds: float) -> int:
@@ -81,7 +90,7 @@ class BatchComposer:
             # (the streams' decodes, attention over the pool) is spread thin. Smaller chunks
             # cost more (the 1.5B beside four chats: 28-token chunks 46 s to the first
             # token, 64-token ones 34 s). Work no one waits for keeps to the minimum chunk.
-            self.stretching = interactive
+            stretching = interactive
             n = max(self.cfg.min_prefill_chunk,
                     within(2 * VOICE_PREFILL_STRETCH * target) if interactive else 0)
         knee = self.efficient - n_decode
@@ -94,7 +103,7 @@ class BatchComposer:
             # size's own cost decides, not its attention: fitted from few samples, that had
             # priced late chunks of a long prompt several times too high.
             n = knee
-        return min(cap, n)  # never past the batch's room, which would fail the decode
+        return min(cap, n), stretching  # never past the batch's room (the decode would fail)
 
     def compose(self, running: list[Request], now: float, bounded: bool) -> list[BatchItem]:
         """The next batch of ``running``: a decode token each for those past their prompt

@@ -33,8 +33,10 @@ from .forcing import JumpForward
 from .kv import KVSpace
 from .outbox import Outbox
 from .persistence import Persister
+from .queue_eta import QueueEta
 from .recovery import Recovery
 from .retiring import Retirer
+from .satellites import Satellites
 from .view import View
 from .warm_ups import served_warm_ups
 
@@ -80,6 +82,8 @@ class EngineCore:
         self.jump = JumpForward(backend, self.stats, self.policy, self._append)
         self.drafts = Drafts(backend, self.kv, self.stats, lambda: self.batcher.cost,
                              self.cfg.draft_policy == "always")
+        self.queue_eta = QueueEta(self)  # places and expected waits (policy.eta)
+        self.satellites = Satellites(self, self.cfg.reservation_s)  # wake words, supersede
         self.view = View(self)  # what other threads read: queue_state()
         self.view.publish()
 
@@ -142,6 +146,8 @@ class EngineCore:
                 raise RequestError(f"the {r.cls} queue is full", status=429,
                                    code="queue_full", retry_after=self._retry_after())
             r.arrival = self.b.now()
+            self.queue_eta.shed(r)  # past its class's deadline: refused now (429)
+            self.satellites.arrived(r)  # a voice turn ends its satellite's reservation
             self._inbox.append(("add", r))
             self._maybe_abort(r)
         self.wakeup.set()
@@ -254,7 +260,8 @@ class EngineCore:
         alone = self.recovery.next_alone()
         if alone is not None:
             return self.batcher.alone(alone, self._bounded())
-        return self.batcher.compose(self.running, now, self._bounded())
+        return self.batcher.compose(self.satellites.batchable(self.running), now,
+                                    self._bounded())
 
     def _bounded(self) -> bool:
         """Whether prefill and embeddings keep to the latency target now (the policy's
@@ -280,11 +287,14 @@ class EngineCore:
                     r.stopper = StopMatcher(r.stop)
                     r.decoder = self.b.make_decoder()
                     self.waiting.append(r)
+                    self.satellites.taken_in(r, now)  # supersedes its satellite's older turn
             else:
                 r = self.outbox.by_id.get(x)
                 if r is not None and not r.finished:
                     r.cancelled = True
                     self._finish(r, "cancelled", now)
+        # each arrival's ETA as it finds the queue, before it may be admitted
+        self.queue_eta.arrived([x for k, x in items if k == "add"], now)
 
     def _decode(self, items: list[BatchItem]) -> None:
         tokens: list[int] = []

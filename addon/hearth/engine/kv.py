@@ -10,6 +10,7 @@ from typing import Any
 
 from ..kvcache import KVPool
 from ..policy.queue import WaitQueue
+from ..prefix_index import common_prefix
 from ..requests import Request
 from .base import Backend, EngineConfig
 
@@ -132,17 +133,69 @@ class KVSpace:
                 + self.pool.freeable(self.cache_need(entry, hit, rank, gone)))
 
     def cache_need(self, entry: Any, hit: int, rank: int | None,
-                   gone: frozenset[int] = frozenset()) -> dict[int, int]:
+                   gone: frozenset[int] = frozenset(),
+                   pool: KVPool | None = None) -> dict[int, int]:
         """What of each cached prefix must stay (:meth:`KVPool.needs`): the ``hit`` tokens of
         ``entry``, the whole of those a request of class ``rank`` may not give up, what running
-        sequences (but those in ``gone``) share."""
-        pool = self.pool
+        sequences (but those in ``gone``) share. In ``pool``: this one, or a rehearsal."""
+        pool = self.pool if pool is None else pool
         kept = pool.kept()
         protect = {e.seq_id: len(e.tokens) for e in pool.entries.values()
                    if not pool.yields_to(e, rank, kept)}
         if entry is not None and entry.seq_id in pool.entries:
             protect[entry.seq_id] = max(protect.get(entry.seq_id, 0), hit)
         return pool.needs(protect, gone)
+
+    # -- a preemption rehearsed before it is made --------------------------------------------
+    def rehearse(self, victims: list[Request], keep: bool) -> KVPool:
+        """The pool as it will be once ``victims`` leave the running set, their computed cells
+        kept as prefixes (``keep``: as :meth:`keep` does, superseding what the insert
+        supersedes, and holding a sequence id each) or freed (:meth:`release`): a copy, this
+        pool untouched."""
+        pool = self.pool.rehearsal()
+        for v in victims:
+            shared = pool.entries.get(v.shared.seq_id) if v.shared is not None else None
+            if shared is not None:
+                shared.sharers.discard(v)
+            own = v.n_past - v.shared_len
+            pool.release_cells(own)
+            pool.unreserve(v.reserved)
+            if keep and self.prefix_cache and v.n_past > 0:
+                for seq in pool.insert(v.seq_id, v.tokens[: v.n_past], own, shared,  # type: ignore[arg-type]
+                                       rank=v.cache_rank, resume=not v.finished):
+                    pool.give_id(seq)
+            else:
+                pool.give_id(v.seq_id)  # type: ignore[arg-type]
+        return pool
+
+    @staticmethod
+    def holding(pool: KVPool, entry: Any, tokens: list[int], hit: int) -> Any:
+        """The entry of ``pool`` that holds the ``hit`` first tokens of ``tokens`` that
+        ``entry`` held: ``entry`` itself, or the kept prefix that superseded it (it holds them
+        and more); None when they are gone."""
+        if entry is None:
+            return None
+        same = pool.entries.get(entry.seq_id)
+        if same is not None and common_prefix(same.tokens, tokens) >= hit:
+            return same
+        found, n = pool.find(tokens)
+        return found if n >= hit else None
+
+    def room_in(self, pool: KVPool, entry: Any, hit: int, rank: int | None) -> int:
+        """The cells a request of class ``rank`` could have in ``pool`` (a rehearsal, or this
+        one), keeping ``hit`` tokens of ``entry``: free ones and those giving up and trimming
+        prefixes frees."""
+        return pool.free_cells + pool.freeable(self.cache_need(entry, hit, rank, pool=pool))
+
+    @staticmethod
+    def id_in(pool: KVPool, entry: Any, rank: int | None) -> bool:
+        """Whether ``pool`` has a sequence id free, or a cached prefix (not ``entry``) a
+        request of class ``rank`` may give up for one (:meth:`free_id`)."""
+        if pool.free_ids:
+            return True
+        kept = pool.kept()
+        return any(e is not entry and pool.evictable(e) and pool.yields_to(e, rank, kept)
+                   for e in pool.entries.values())
 
     def wanted(self) -> frozenset[int]:
         """Seq ids of the entries the next waiting requests (the ``WANTED_LOOKAHEAD`` best

@@ -48,7 +48,8 @@ class Retirer:
         self.stats.record_finished(r, now)
         self.outbox.emit(r, Event("done", finish_reason=reason, usage=r.usage(), timing=r.timing()))
 
-    def fail(self, r: Request, message: str, now: float, status: int = 500) -> None:
+    def fail(self, r: Request, message: str, now: float, status: int = 500,
+             code: str | None = None) -> None:
         if r.finished:
             return
         r.finished = True
@@ -56,7 +57,7 @@ class Retirer:
         r.finished_at = now
         self._retire(r)
         self.stats.record_finished(r, now)
-        self.outbox.emit(r, Event("error", message=message, status=status))
+        self.outbox.emit(r, Event("error", message=message, status=status, code=code))
 
     def _retire(self, r: Request) -> None:
         self.changed()  # a slot, cells or a class's share may have come free

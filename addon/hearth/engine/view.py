@@ -3,23 +3,54 @@ prefix cache and the cost model that the engine thread publishes after each iter
 /v1/queue and /metrics.
 
 A part that owns only the published snapshot (:attr:`View.snapshot`). It is given the whole
-engine, read-only, rather than a narrow interface: a snapshot is by nature a reading of every
-part (queue, inbox, running list, KV pool, store, cost model, latency target, policy's
-counters), so a narrower one would list the engine's attributes again; it changes none."""
+engine, read-only: a snapshot is by nature a reading of every part (queue, inbox, running list,
+KV pool, store, cost model, latency target, policy's counters); it changes none. What it reads
+is written down as :class:`Engine`, so this module does not import the core (which imports it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..requests import Request
 from ..scheduler import CLASS_RANKS
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from ..kvcache import KVPool
+    from ..prefix_store import PrefixStore
+    from ..scheduler import Policy
+    from .base import Backend
+    from .batching import BatchComposer
+    from .cost import CostModel
+
+
+class Engine(Protocol):
+    """The parts of :class:`~.core.EngineCore` a view reads (read-only)."""
+
+    @property
+    def waiting(self) -> list[Request]: ...
+    @property
+    def embed_waiting(self) -> list[Request]: ...
+    @property
+    def running(self) -> list[Request]: ...
+    @property
+    def _inbox(self) -> deque[tuple[str, Any]]: ...
+    @property
+    def b(self) -> Backend: ...
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def batcher(self) -> BatchComposer: ...
+    @property
+    def pool(self) -> KVPool: ...
+    @property
+    def cost(self) -> CostModel: ...
+    @property
+    def store(self) -> PrefixStore | None: ...
 
 
 class View:
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: Engine):
         self._core = core
         self.snapshot: dict[str, Any] = {}  # replaced whole by publish: readers never see it change
 
@@ -52,6 +83,7 @@ class View:
         prefix = pool.stats(b.now())
         used = pool.running_cells + prefix["cached_cells"]
         self.snapshot = {
+            **core.queue_eta.publish(b.now()),  # eta_s by class, waiting_requests
             "kv": {"cells": pool.n_ctx, "used": used,
                    "used_by_running": pool.running_cells,
                    "used_by_prefix_cache": prefix["cached_cells"],

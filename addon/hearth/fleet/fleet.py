@@ -163,7 +163,7 @@ class Fleet:
         return round(self.arbiter.paused_s.get(id(core), 0.0), 3)
 
     @staticmethod
-    def queue_depth(w: Worker) -> dict[str, int | None]:
+    def queue_depth(w: Worker) -> dict[str, Any]:
         """Requests waiting and running on a model; on a remote, its own queue (None where it
         does not tell) and the requests in flight there."""
         if w.remote:
@@ -173,7 +173,8 @@ class Fleet:
             return {"waiting": 0, "running": 0}
         with core.lock:
             q = core.queue_state()
-        return {"waiting": sum(q["waiting"].values()), "running": sum(q["running"].values())}
+        return {"waiting": sum(q["waiting"].values()), "running": sum(q["running"].values()),
+                "eta_s": q.get("eta_s"), "waiting_requests": q.get("waiting_requests", [])}
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:

@@ -39,7 +39,7 @@ class LoadTurn:
             rule = LoadYield(rule.enabled, watchdog_s / 4, rule.min_run_s, rule.boost_after_s)
         self.rule, self.own, self.others = rule, own, others
         self.clock = LoadClock(rule)
-        self.low = rule.low_priority(own())
+        self.low = rule.low_priority(own(), serving=bool(others()))
         self.sup: Any = None
         self._stopped: Any = None  # the WorkerProcess this turn has stopped, if any
         self._raised: Any = None  # the WorkerProcess told to serve at its own priority

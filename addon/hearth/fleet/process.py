@@ -24,6 +24,9 @@ from ..runner.protocol import AbortFlag
 
 log = logging.getLogger("hearth.worker")
 WRAPPER_ENV = "HEARTH_WORKER_WRAPPER"
+# The most of a starting worker's output kept whole for the report of its death (its last
+# bytes: where it died); every line is in the log as it comes.
+STARTUP_OUTPUT_BYTES = 1 << 20
 
 _SIGNALS = {
     signal.SIGSEGV: "a segmentation fault",
@@ -64,7 +67,8 @@ class WorkerProcess:
         wrapper = shlex.split(os.environ.get(WRAPPER_ENV, ""))
         self.proc = subprocess.Popen(
             [*wrapper, sys.executable, "-m", "hearth.runner", *map(str, fds)], pass_fds=fds,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            # stdout too: llama.cpp's and a GPU driver's native prints, a debugger's report
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env)
         eng_theirs.close()
         svc_theirs.close()
@@ -72,6 +76,10 @@ class WorkerProcess:
         self.eng = Connection(eng_ours.detach())
         self.svc = Connection(svc_ours.detach())
         self.tail: collections.deque[str] = collections.deque(maxlen=12)
+        self.ready = False  # once the canary passed: output from then on is not kept
+        self._startup: collections.deque[str] = collections.deque()  # its output until ready
+        self._startup_bytes = 0
+        self._startup_dropped = 0  # lines dropped from the front past STARTUP_OUTPUT_BYTES
         self.rung: str | None = None
         self.info: dict[str, Any] = {}
         self.lost: WorkerLost | None = None
@@ -81,7 +89,9 @@ class WorkerProcess:
         self._pending: dict[int, Future] = {}
         self._svc_lock = threading.Lock()
         self._lost_lock = threading.Lock()
-        threading.Thread(target=self._read_stderr, name="hearth-worker-log", daemon=True).start()
+        self._reader = threading.Thread(target=self._read_output, name="hearth-worker-log",
+                                        daemon=True)
+        self._reader.start()
         self.eng.send({**cfg, "abort_path": self.abort.path})
 
     # -- start ------------------------------------------------------------------------------
@@ -97,6 +107,7 @@ class WorkerProcess:
                 raise WorkerFailed(value)
             else:
                 self.info = value
+                self.ready = True
                 self.abort.close()  # both have it mapped: no file outlives a killed server
                 threading.Thread(target=self._read_service, name="hearth-worker-replies",
                                  daemon=True).start()
@@ -182,6 +193,10 @@ class WorkerProcess:
                 self.kill()
                 rc = self.proc.wait()
             sig = -rc if rc < 0 else None
+            output = ""
+            if not self.ready:  # its whole start-up output: the reader gets to its end first
+                self._reader.join(timeout=5)
+                output = self.startup_output()
             if hung is not None:
                 cause = f"hung: no answer for {hung:.0f} s (killed by the watchdog)"
             elif sig is not None:
@@ -196,17 +211,38 @@ class WorkerProcess:
                 cause += f" — {detail[:300]}"
             self.lost = WorkerLost(cause, signal=sig, during=during, rung=self.rung,
                                    blame=self.abort.blame,
-                                   suspect=hung is not None or sig != signal.SIGKILL)
+                                   suspect=hung is not None or sig != signal.SIGKILL,
+                                   output=output)
             log.error("the model's worker (pid %d) died while %s: %s", self.pid, during, cause)
+            if output:
+                log.error("its output from its start (%d lines):\n%s", output.count("\n") + 1,
+                          output)
             return self.lost
 
-    def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
+    def _read_output(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
                 self.tail.append(line)
                 log.info("worker %d: %s", self.pid, line)
+                if not self.ready:
+                    self._keep(line)
+
+    def _keep(self, line: str) -> None:
+        self._startup.append(line)
+        self._startup_bytes += len(line) + 1
+        while self._startup_bytes > STARTUP_OUTPUT_BYTES and len(self._startup) > 1:
+            self._startup_bytes -= len(self._startup.popleft()) + 1
+            self._startup_dropped += 1
+
+    def startup_output(self) -> str:
+        """What the worker wrote (stderr and stdout) from its start until ready, at most
+        STARTUP_OUTPUT_BYTES of its last lines."""
+        lines = list(self._startup)
+        if self._startup_dropped:
+            lines.insert(0, f"[{self._startup_dropped} earlier lines left out]")
+        return "\n".join(lines)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -11,6 +11,7 @@ import logging
 import signal
 import threading
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ START_TRIES = 8  # starts in a row that may crash before a load is given up
 STRIKES = 2  # deaths a request may be in flight for
 DEGRADED_S = 300.0  # how long /health says degraded after a worker's crash
 CRASHED_TWICE = "the model's worker crashed on this request twice"
+CRASH_LOGS = 5  # the newest start-up outputs of workers that died before ready, kept whole
 
 
 def fingerprint(r: Request) -> str:
@@ -93,6 +95,8 @@ class Supervisor:
         self.watchdog_s = watchdog_s
         self.start_timeout_s = start_timeout_s
         self._rungs_file = state_dir / "cpu-rungs.json"
+        self._crash_logs = state_dir / "worker-crashes"
+        self._n_crash_logs = 0
         self.skip: list[str] = []
         self.skip_why: dict[str, str] = {}  # each skipped rung's crash, as it was seen
         self._load_skip()
@@ -152,7 +156,8 @@ class Supervisor:
         self.crashes.append({"at": now, "cause": lost.cause, "during": lost.during,
                              "rung": lost.rung, "requests_failed": requests,
                              "pid": self.worker.pid if self.worker else None,
-                             "step_down": steps and at_start})
+                             "step_down": steps and at_start,
+                             "output_log": self._keep_output(lost, now)})
         if steps:
             assert lost.rung is not None
             self.skip.append(lost.rung)
@@ -160,6 +165,27 @@ class Supervisor:
             log.warning("CPU rung %s crashed (%s): the next start skips it", lost.rung,
                         lost.cause)
             self._save_skip()
+
+    def _keep_output(self, lost: WorkerLost, now: float) -> str | None:
+        """A worker that died before it was ready: its whole output from its start, in a file
+        of its own (the newest CRASH_LOGS kept), with its cause; the file's path, or None for a
+        worker that had been ready. Its start is quiet (no fault handler while it loads, as a
+        plain process), so a crash at the canary may leave only the cause."""
+        if lost.during != "starting" and not lost.output:
+            return None
+        try:
+            self._crash_logs.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+            self._n_crash_logs += 1  # in the name: several in one second sort in order
+            path = self._crash_logs / f"{stamp}-{self._n_crash_logs:04d}-{lost.rung}.log"
+            path.write_text(f"{lost.cause}\n(while {lost.during})\n\n"
+                            f"{lost.output or '(the worker wrote nothing)'}\n")
+            for old in sorted(self._crash_logs.glob("*.log"))[:-CRASH_LOGS]:
+                old.unlink()
+            return str(path)
+        except OSError:
+            log.exception("could not keep the worker's output")
+            return None
 
     def backoff(self) -> float:
         return BACKOFF_S[min(self.failures_in_row, len(BACKOFF_S)) - 1] \
@@ -192,12 +218,18 @@ class Supervisor:
 
     # -- the rungs that crashed here, across server restarts ------------------------------------
     def _key(self) -> str:
+        """This CPU and this llama.cpp build: an update of llama-cpp-python (whose kernels may
+        no longer crash here) tries the best rung again."""
         try:
             with open("/proc/cpuinfo") as f:
                 flags = next((line for line in f if line.startswith("flags")), "")
         except OSError:
             flags = ""
-        return hashlib.sha256(flags.encode()).hexdigest()[:16]
+        try:
+            build = metadata.version("llama-cpp-python")
+        except metadata.PackageNotFoundError:
+            build = ""
+        return hashlib.sha256(f"{flags}|{build}".encode()).hexdigest()[:16]
 
     def _load_skip(self) -> None:
         try:

@@ -1,16 +1,17 @@
 """A model's load yields to the voice and chat work of the models already serving.
 
-Loading a model (its weights read and repacked, the canary decode), its calibration decodes
-and the restore of its saved prefixes take the same CPU cores as a voice turn on another
-model: measured before this rule, a SmolLM2 voice reply took 3.5 s while Gemma 3 270M loaded,
-against ~0.3 s idle. So a load that nobody interactive waits for runs at the lowest CPU
-priority, and pauses while another model has voice or chat work that outranks what waits for
-the load. Two bounds keep every load finishing: a pause lasts ``max_pause_s`` at most, after
-which the load runs ``min_run_s`` before it may pause again (it is never paused more than
-``max_pause_s / (max_pause_s + min_run_s)`` of the time), and once it has been paused
-``boost_after_s`` in all, or as soon as a voice or chat request waits for the model being
-loaded, it leaves the lowest priority (at its next call) and pauses no more.
-"""
+Loading a model (its weights read and repacked, the canary decode), its calibration decodes and
+the restore of its saved prefixes take the same CPU cores as a voice turn on another model:
+measured before this rule, a SmolLM2 voice reply took 3.5 s while Gemma 3 270M loaded, against
+~0.3 s idle. So a load that nobody interactive waits for, while another model serves, runs at
+the lowest CPU priority (with no other model serving there is nobody to yield to, and a load at
+the lowest priority would only lose to whatever else the machine runs), and pauses while another
+model has voice or chat work that outranks what waits for the load. Two bounds keep every load
+finishing: a pause lasts ``max_pause_s`` at most, after which the load runs ``min_run_s`` before
+it may pause again (it is never paused more than ``max_pause_s / (max_pause_s + min_run_s)`` of
+the time), and once it has been paused ``boost_after_s`` in all, or as soon as a voice or chat
+request waits for the model being loaded, it leaves the lowest priority (at its next call) and
+pauses no more."""
 
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ class LoadYield:
     def max_pause_share(self) -> float:
         return self.max_pause_s / (self.max_pause_s + self.min_run_s)
 
-    def low_priority(self, own: int) -> bool:
+    def low_priority(self, own: int, serving: bool) -> bool:
         """Whether a load starts at the lowest CPU priority, ``own`` being the best class
-        waiting for it (IDLE_RANK: none; a model loaded at start or for a job)."""
-        return self.enabled and own > INTERACTIVE_RANK
+        waiting for it (IDLE_RANK: none; a model loaded at start or for a job) and
+        ``serving`` whether another model on this machine serves (idle or not)."""
+        return self.enabled and serving and own > INTERACTIVE_RANK
 
     def wants_pause(self, own: int, others: Iterable[int]) -> bool:
         """Whether the load would pause now, before its bounds: another model has voice or

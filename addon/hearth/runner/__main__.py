@@ -1,5 +1,5 @@
 import sys
 
-from .serve import main
+from .entry import main
 
 sys.exit(main(sys.argv[1:]))

@@ -1,11 +1,13 @@
 """The worker's load phase at the lowest CPU priority (:mod:`hearth.policy.load_yield`).
 
 Linux keeps a scheduling policy and a nice value per thread, and a thread's new threads
-(llama.cpp's compute threads) inherit them. Going back up from SCHED_IDLE or nice 19 needs a
-privilege a Home Assistant add-on does not have, so the worker never lowers a thread that
-will serve: the load, and every engine call until the server says the load is over, run in
-one thread of their own that lowers itself first and ends with the load. The calls after it
-run in the worker's main thread at its own priority."""
+(llama.cpp's compute threads) inherit them. Nice 19, not SCHED_IDLE: an idle-class load ranks
+below every other process on the machine and crawled whenever anything else ran (110 s for a
+load of seconds); at nice 19 it still yields to the serving workers by far. Going back up from
+nice 19 needs a privilege a Home Assistant add-on does not have, so the worker never lowers a
+thread that will serve: the load, and every engine call until the server says the load is over,
+run in one thread of their own that lowers itself first and ends with the load. The calls after
+it run in the worker's main thread at its own priority."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ NICE_LOWEST = 19
 
 
 def lower_this_thread() -> dict[str, Any]:
-    """SCHED_IDLE and nice 19 for the calling thread, as far as the system allows; what was
-    set, for the log."""
+    """Nice 19 for the calling thread, as far as the system allows; what was set, for the
+    log."""
     tid = threading.get_native_id()
     done: dict[str, Any] = {"tid": tid}
     try:
@@ -29,11 +31,6 @@ def lower_this_thread() -> dict[str, Any]:
         done["nice"] = NICE_LOWEST
     except (AttributeError, OSError) as e:
         done["nice_error"] = str(e)
-    try:  # the thread's id: on Linux the policy is the thread's, not the process's
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        done["policy"] = "SCHED_IDLE"
-    except (AttributeError, OSError) as e:
-        done["policy_error"] = str(e)
     return done
 
 

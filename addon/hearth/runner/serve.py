@@ -1,97 +1,76 @@
-"""A model's worker process: it alone loads llama.cpp, holds the model and its context, and
-answers the server's engine and service channels (:mod:`.protocol`). When it dies, whatever
-killed it (a segfault, an illegal instruction, an abort, the OOM killer) kills only it."""
+"""What a model's worker serves once its model is loaded (:mod:`.entry` starts it): the
+server's engine and service channels (:mod:`.protocol`) answered from llama.cpp. Imported only
+after the load; nothing here belongs to the server stack (the engine, the runtime)."""
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..backend import LlamaBackend
+from ..decode_sample import sample_run
 from ..drafting import Drafter, same_vocabulary
-from ..engine.base import sample_run
-from ..llama_adapter import ContextParams, LlamaError, Model
-from ..llama_backends import NO_EXTRA, backend_names, cpu_rungs, cpu_variant, init_backend
+from ..llama_adapter import LlamaError, Model
+from ..llama_backends import backend_names, cpu_variant
 from ..llama_sampling import Sampler, check_grammar
-from ..runtime import unservable
-from . import faults
+from . import boot, faults
 from .low_priority import LowPriorityThread
-from .protocol import AbortFlag
 
 log = logging.getLogger("hearth.worker")
 
 
 class Runner:
-    def __init__(self, engine: Connection, service: Connection, cfg: dict[str, Any]):
+    def __init__(self, engine: Connection, service: Connection, cfg: dict[str, Any],
+                 loaded: boot.Loaded, low: LowPriorityThread | None = None):
         self.eng, self.svc, self.cfg = engine, service, cfg
+        self.model, self.b, self.abort = loaded.model, loaded.backend, loaded.abort
+        self.loaded = loaded
         self.samplers: dict[int, Sampler] = {}
         self.poisoned: set[int] = set()  # test faults only
         self._next_sampler = 0
         self._svc_lock = threading.Lock()
-        # The load phase's thread at the lowest CPU priority, when the server asked for one
-        # (cfg load_priority "low"); engine calls go through it until op_normal_priority.
-        self.low = LowPriorityThread() if cfg.get("load_priority") == "low" else None
+        self.drafter: Drafter | None = None
+        # The load phase's thread at the lowest CPU priority, when the server asked for one:
+        # engine calls (calibration, the prefix restore) go through it until op_normal_priority.
+        self.low = low
 
     # -- start ------------------------------------------------------------------------------
-    def load(self) -> None:
-        cfg = self.cfg
-        rungs = cpu_rungs()
-        rung = next((r for r in rungs if r not in cfg["skip"]), rungs[-1])
-        self.eng.send(("rung", rung))
-        init_backend(verbose=cfg["verbose"], rung=rung)
-        model = Model(cfg["model"], n_gpu_layers=cfg["n_gpu_layers"], use_mmap=cfg["use_mmap"],
-                      extra_buffers=not rung.endswith(NO_EXTRA))
-        if reason := unservable(model):
-            raise ValueError(f"{model.path.name}: {reason}")
-        embed_model = None
-        if cfg["embedding_model"]:
-            embed_model = Model(cfg["embedding_model"], n_gpu_layers=cfg["n_gpu_layers"],
-                                use_mmap=cfg["use_mmap"], extra_buffers=not rung.endswith(NO_EXTRA))
-        self.abort = AbortFlag(cfg["abort_path"])
-        b = LlamaBackend(model, ContextParams(**cfg["context"]), embed_model=embed_model,
-                         embed_batch=cfg["embed_batch"], abort_flag=self.abort.array)
-        self.model, self.b = model, b
-        self.drafter = self._drafter(model, rung)
-        # The canary: a CPU that reports instructions it cannot run dies here, not mid-request.
-        token = model.tokenize("Hearth warms up.", add_special=False)[0]
-        faults.at_canary(rung)
-        if b.decode([token], [0], [0], [True]) != 0:
-            raise RuntimeError("the canary decode failed")
-        b.seq_rm(0)
-        draft_s = self.drafter.calibrate(token) if self.drafter else 0.0
+    def ready(self) -> None:
+        """After the bootstrap's load: the draft model, then the ready message."""
+        cfg, loaded, model, b = self.cfg, self.loaded, self.model, self.b
+        self.drafter = self._drafter(model)
+        draft_s = self.drafter.calibrate(loaded.canary_token) if self.drafter else 0.0
         if self.drafter:
             log.info("draft model %s: a guess costs %.1f ms", self.drafter.model.path.name,
                      1000 * draft_s)
         specials = model.special_tokens()
         self.eng.send(("ready", {
-            "pid": os.getpid(), "rung": rung, "cpu_variant": cpu_variant(), "rungs": rungs,
+            "pid": os.getpid(), "rung": loaded.rung, "cpu_variant": cpu_variant(),
+            "rungs": loaded.rungs,
             "backends": backend_names(), "n_ctx": b.n_ctx, "n_ctx_seq": b.n_ctx_seq,
             "n_seq_max": b.n_seq_max, "n_batch": b.n_batch, "n_ubatch": b.n_ubatch,
             "embed_limits": b.embed_limits(), "embed_pieces": b.embed_pieces(),
             "description": model.description,
             "n_vocab": model.n_vocab, "n_ctx_train": model.n_ctx_train,
             "chat_template": model.chat_template(), "specials": specials,
-            "architecture": model.meta("general.architecture"), "canary_token": token,
+            "architecture": model.meta("general.architecture"),
+            "canary_token": loaded.canary_token,
             "n_draft": cfg.get("draft_tokens", 0) if self.drafter else 0,
             "draft_s": draft_s}))
 
-    def _drafter(self, model: Model, rung: str) -> Drafter | None:
+    def _drafter(self, model: Model) -> Drafter | None:
         """The draft model, where one is set and can draft for this model; else None (a
         draft that cannot serve is logged and left out: the model serves without it)."""
         cfg = self.cfg
         if not cfg.get("draft_model") or cfg.get("draft_tokens", 0) <= 0:
             return None
         try:
-            draft = Model(cfg["draft_model"], n_gpu_layers=cfg["n_gpu_layers"],
-                          use_mmap=cfg["use_mmap"], extra_buffers=not rung.endswith(NO_EXTRA))
+            draft = boot.open_model(cfg["draft_model"], n_gpu_layers=cfg["n_gpu_layers"],
+                                    use_mmap=cfg["use_mmap"])
         except LlamaError as e:
             log.warning("the draft model cannot be loaded (%s); serving without a draft", e)
             return None
@@ -158,7 +137,7 @@ class Runner:
     def op_decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
                          outputs: list[bool], samples: list[tuple]) -> tuple[int, list, float]:
         """Decode, then sample each output: ``(sampler, row)`` gives one described token,
-        ``(sampler, row, drafts)`` the run :func:`~hearth.engine.base.sample_run` takes."""
+        ``(sampler, row, drafts)`` the run :func:`~hearth.decode_sample.sample_run` takes."""
         t0 = time.perf_counter()
         status = self.b.decode(tokens, pos, seqs, outputs)
         if status != 0:
@@ -243,27 +222,3 @@ class Runner:
             reply = (mid, "err", f"{type(e).__name__}: {e}")
         with self._svc_lock:
             self.svc.send(reply)
-
-
-def main(argv: list[str]) -> int:
-    # The server decides when its workers stop (after saving their prefixes): a Ctrl-C or a
-    # SIGTERM sent to the whole process group is the server's to handle.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Where it died, in the log: each thread's Python stack on a fatal signal (the signal
-    # still ends the process), and on SIGUSR1, which the watchdog sends before its SIGKILL.
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
-    engine, service = Connection(int(argv[0])), Connection(int(argv[1]))
-    runner = Runner(engine, service, engine.recv())
-    t0 = time.monotonic()
-    try:
-        runner.low.call(runner.load) if runner.low else runner.load()
-    except Exception as e:  # not a crash: the server reports it and does not restart
-        engine.send(("failed", str(e)))
-        return 0
-    log.info("worker %d ready in %.1f s", os.getpid(), time.monotonic() - t0)
-    runner.serve()
-    return 0
