@@ -40,12 +40,13 @@ def until(cond, what: str, timeout: float = 120.0):
     raise AssertionError(what)
 
 
-def voice_stream(s: HearthServer) -> list[str]:
+def voice_stream(s: HearthServer) -> tuple[list[str], dict]:
     body = {"messages": [{"role": "user", "content": "Count slowly from one to fifty."}],
-            "priority": "voice", "max_tokens": 48, "ignore_eos": True, "stream": True}
+            "priority": "voice", "max_tokens": 48, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
     req = urllib.request.Request(s.url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    pieces = []
+    pieces, usage = [], {}
     with urllib.request.urlopen(req, timeout=180) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -53,7 +54,9 @@ def voice_stream(s: HearthServer) -> list[str]:
                 chunk = json.loads(line[6:])
                 assert "error" not in chunk, chunk
                 pieces += [c["delta"].get("content") or "" for c in chunk["choices"]]
-    return pieces
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+    return pieces, usage
 
 
 def low_threads(pid: int) -> list[int]:
@@ -106,11 +109,11 @@ def test_a_voice_turn_during_a_load_is_answered_and_the_load_yields(tmp_path, ge
         watcher.start()
         streaming.set()
         try:
-            pieces = voice_stream(s)
+            pieces, usage = voice_stream(s)
         finally:
             done.set()
             watcher.join()
-        assert len(pieces) >= 48 and "".join(pieces).strip()  # answered in full
+        assert usage["completion_tokens"] == 48 and "".join(pieces).strip()  # answered in full
         assert "T" in states, sorted(set(states))  # the loading worker was stopped meanwhile
 
         bg.join(timeout=300)
