@@ -71,6 +71,7 @@ class Runtime:
         # The cost model of the last load: a reload skips the calibration decodes (5 of the
         # 5.5 s SmolLM2 takes to load on 2 cores).
         self._costs: tuple[Any, Any] | None = None
+        self.load_turn: Any = None  # the next load yields to other models (fleet.load_priority)
 
     def start_loading(self) -> None:
         self.state, self.error = "loading", None
@@ -94,6 +95,8 @@ class Runtime:
             log.error("loading the model failed: %s", e)
         finally:
             self.progress = None
+            if self.load_turn is not None:  # a failed load's worker is never left stopped
+                self.load_turn.finish()
             self.settled.set()
             if self.on_settled is not None:
                 self.on_settled()
@@ -110,11 +113,15 @@ class Runtime:
         sup = self.supervisor = Supervisor(
             self._worker_cfg(path, embed_path),
             Path(s.data_dir) / "workers" / (self.name or "default"), s.worker_watchdog_s)
+        turn = self.load_turn
+        if turn is not None:
+            turn.begin(sup)
         backend: ProcessBackend | None = None
         while True:
             worker = sup.start()
             if backend is None:
                 backend = ProcessBackend(worker)
+                backend.before_call = turn.before_call if turn is not None else None
             else:
                 backend.attach(worker)
             core = self._core(backend)
@@ -126,6 +133,8 @@ class Runtime:
                 if s.prefix_cache and s.prefix_store_mb > 0:
                     self._restore_prefixes(core, path, backend.n_ctx)
                 backend.flush()
+                if turn is not None:  # it serves at its own priority from here on
+                    turn.finish(backend)
                 break
             except WorkerLost as lost:
                 sup.crashed(lost, at_start=True)

@@ -29,6 +29,7 @@ from ..runtime import Runtime
 from ..scheduler import INTERACTIVE_RANK
 from ..settings import CLASS_NAMES, Settings
 from .gguf import GGUFError, read_metadata, shape_of
+from .load_priority import turn_for
 from .registry import Registry
 from .remote import RemoteWorker
 from .worker import Worker, memory_budget, settings_for
@@ -145,6 +146,7 @@ class Fleet:
                 "last_load_s": w.rt.load_s,
                 "worker": w.rt.supervisor.report() if w.rt.supervisor else None,
                 "paused_for_others_s": self._paused(w),
+                "load_turn": w.rt.load_turn.report() if w.rt.load_turn else None,
                 **self.queue_depth(w)}
         resident = self.policy.used(w.view() for w in self.workers.values())
         return {"models": models,
@@ -264,6 +266,7 @@ class Fleet:
             await self._unload(v)
         log.info("loading model %s", w.name)
         w.loads += 1
+        w.rt.load_turn = turn_for(self, w)  # yields to the other models' voice and chat
         w.rt.start_loading()  # its thread calls _settled when it ends
 
     def _settled(self, w: Worker) -> None:
@@ -360,11 +363,11 @@ class Fleet:
         if w.remote:
             w.leases += 1
             return
-        w.waiting += 1  # busy for the policy while it waits: not a victim of another load
+        w.waiting_ranks.append(rank)  # busy for the policy while it waits: not a victim
         try:
             await self._wait_loaded(w, rank)
         finally:
-            w.waiting -= 1
+            w.waiting_ranks.remove(rank)
         w.leases += 1
         w.last_used = time.monotonic()
 

@@ -43,6 +43,7 @@ class ProcessBackend:
         self._deferred: list[tuple] = []
         self._info: dict[int, tuple[bool, bytes]] = {}  # token -> (end of generation, text)
         self.boundary = Boundary()
+        self.before_call: Any = None  # while loading: a load's turn (fleet.load_priority)
         self.attach(worker)
 
     def attach(self, worker: WorkerProcess) -> None:
@@ -63,6 +64,8 @@ class ProcessBackend:
             raise self.worker.lost
 
     def _call(self, op: str, *args: Any) -> Any:
+        if self.before_call is not None:
+            self.before_call(self.worker)
         deferred, self._deferred = self._deferred, []
         return self.worker.call(deferred, op, *args)
 

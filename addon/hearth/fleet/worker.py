@@ -44,7 +44,7 @@ class Worker:
     meta: dict[str, Any] = field(default_factory=dict)  # that header (no arrays)
     path: Path | None = None  # the file, once it is on disk
     leases: int = 0
-    waiting: int = 0  # requests waiting for it to load: it is busy for the policy too
+    waiting_ranks: list[int] = field(default_factory=list)  # each request waiting for it
     first_load: str | None = None  # how the load at start ended: ready | failed
     last_used: float = 0.0
     interactive_at: float | None = None
@@ -52,6 +52,11 @@ class Worker:
     loads: int = 0
     unloads: int = 0
     tasks: set[asyncio.Task] = field(default_factory=set)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for it to load: it is busy for the policy too."""
+        return len(self.waiting_ranks)
 
     @property
     def name(self) -> str:

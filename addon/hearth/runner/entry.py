@@ -17,6 +17,8 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
+from .low_priority import LowPriorityThread
+
 log = logging.getLogger("hearth.worker")
 
 
@@ -27,12 +29,16 @@ def main(argv: list[str]) -> int:
     engine, service = Connection(int(argv[0])), Connection(int(argv[1]))
     cfg = engine.recv()
     t0 = time.monotonic()
+    # The server's "low": the load phase yields to the other models' work, in a thread of
+    # its own at the lowest priority (see the module), until the server says it is over.
+    low = LowPriorityThread() if cfg.get("load_priority") == "low" else None
+    call = low.call if low is not None else (lambda fn, *args: fn(*args))
     try:
-        loaded = boot.load(cfg, tell=engine.send)
+        loaded = call(boot.load, cfg, engine.send)
         from .serve import Runner  # after the load (see the module)
 
-        runner = Runner(engine, service, cfg, loaded)
-        runner.ready()
+        runner = Runner(engine, service, cfg, loaded, low=low)
+        call(runner.ready)
     except Exception as e:  # not a crash: the server reports it and does not restart
         engine.send(("failed", str(e)))
         return 0

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENGINE_OPS = ("decode_sample", "draft", "new_sampler", "seq_pos_max", "seq_state_get",
-              "seq_state_set", "embed", "embed_piece", "token_info", "sync", "exit")
+              "seq_state_set", "embed", "embed_piece", "token_info", "sync", "normal_priority",
+              "exit")
 DEFERRED_OPS = ("seq_rm", "seq_cp", "free_sampler")
 SERVICE_OPS = ("tokenize", "tokenize_pieces", "check_grammar", "ping")
 

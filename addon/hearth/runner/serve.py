@@ -18,13 +18,14 @@ from ..llama_adapter import LlamaError, Model
 from ..llama_backends import backend_names, cpu_variant
 from ..llama_sampling import Sampler, check_grammar
 from . import boot, faults
+from .low_priority import LowPriorityThread
 
 log = logging.getLogger("hearth.worker")
 
 
 class Runner:
     def __init__(self, engine: Connection, service: Connection, cfg: dict[str, Any],
-                 loaded: boot.Loaded):
+                 loaded: boot.Loaded, low: LowPriorityThread | None = None):
         self.eng, self.svc, self.cfg = engine, service, cfg
         self.model, self.b, self.abort = loaded.model, loaded.backend, loaded.abort
         self.loaded = loaded
@@ -33,6 +34,9 @@ class Runner:
         self._next_sampler = 0
         self._svc_lock = threading.Lock()
         self.drafter: Drafter | None = None
+        # The load phase's thread at the lowest CPU priority, when the server asked for one:
+        # engine calls (calibration, the prefix restore) go through it until op_normal_priority.
+        self.low = low
 
     # -- start ------------------------------------------------------------------------------
     def ready(self) -> None:
@@ -86,15 +90,27 @@ class Runner:
             except (EOFError, OSError):
                 return  # the server is gone
             try:
-                for d in deferred:
-                    getattr(self, "op_" + d[0])(*d[1:])
                 if op == "exit":
+                    self._apply(deferred, "sync", ())
                     self.eng.send(("ok", None))
                     return
-                reply = ("ok", getattr(self, "op_" + op)(*args))
+                reply = ("ok", self.low.call(self._apply, deferred, op, args) if self.low
+                         else self._apply(deferred, op, args))
             except Exception as e:  # the request's or the call's fault: the server decides
                 reply = ("err", f"{type(e).__name__}: {e}")
             self.eng.send(reply)
+
+    def _apply(self, deferred: list[tuple], op: str, args: tuple) -> Any:
+        for d in deferred:
+            getattr(self, "op_" + d[0])(*d[1:])
+        return getattr(self, "op_" + op)(*args)
+
+    def op_normal_priority(self) -> None:
+        """The load is over (or a voice or chat request waits for this model): the next
+        calls run in the main thread, at the worker's own priority."""
+        if self.low is not None:
+            self.low.close()
+            self.low = None
 
     def op_seq_rm(self, seq: int, p0: int, p1: int) -> None:
         self.b.seq_rm(seq, p0, p1)
