@@ -66,9 +66,14 @@ async def async_add_satellite(
 
 
 async def async_create_pipeline(
-    hass: HomeAssistant, hass_ws_client: WebSocketGenerator, agent_id: str, name: str
+    hass: HomeAssistant,
+    hass_ws_client: WebSocketGenerator,
+    agent_id: str,
+    name: str,
+    stt_engine: str | None = None,
 ) -> str:
-    """A pipeline named ``name`` whose conversation agent is ``agent_id``; its id."""
+    """A pipeline named ``name`` whose conversation agent is ``agent_id`` (and speech-to-text
+    engine ``stt_engine``, in English); its id."""
     assert await async_setup_component(hass, "assist_pipeline", {})
     client = await hass_ws_client(hass)
     await client.send_json_auto_id(
@@ -78,8 +83,8 @@ async def async_create_pipeline(
             "conversation_language": "en",
             "language": "en",
             "name": name,
-            "stt_engine": None,
-            "stt_language": None,
+            "stt_engine": stt_engine,
+            "stt_language": "en" if stt_engine else None,
             "tts_engine": None,
             "tts_language": None,
             "tts_voice": None,

@@ -23,6 +23,7 @@ from pytest_homeassistant_custom_component.common import (
 from pytest_homeassistant_custom_component.typing import WebSocketGenerator
 
 from .conftest import async_queue, async_setup_hearth, async_wait_for, entity_of
+from .satellite import async_create_pipeline
 
 pytestmark = [pytest.mark.ha, pytest.mark.model, pytest.mark.usefixtures("socket_enabled")]
 
@@ -79,27 +80,9 @@ async def pipeline_id(
     platform.async_get_engine = _get_engine
     mock_platform(hass, "heard.stt", platform)
     assert await async_setup_component(hass, "stt", {"stt": {"platform": "heard"}})
-    assert await async_setup_component(hass, "assist_pipeline", {})
-    client = await hass_ws_client(hass)
-    await client.send_json_auto_id(
-        {
-            "type": "assist_pipeline/pipeline/create",
-            "conversation_engine": entity_of(hass, entry, "conversation"),
-            "conversation_language": "en",
-            "language": "en",
-            "name": "Hearth",
-            "stt_engine": "heard",
-            "stt_language": "en",
-            "tts_engine": None,
-            "tts_language": None,
-            "tts_voice": None,
-            "wake_word_entity": None,
-            "wake_word_id": None,
-        }
+    return await async_create_pipeline(
+        hass, hass_ws_client, entity_of(hass, entry, "conversation"), "Hearth", stt_engine="heard"
     )
-    created = await client.receive_json()
-    assert created["success"], created
-    return created["result"]["id"]
 
 
 async def _completed(hass: HomeAssistant, server: HearthServer) -> dict[str, int]:

@@ -44,6 +44,18 @@ def _raw(srv: HearthServer, path: str, body: dict, headers: dict | None = None):
     return urllib.request.urlopen(req, timeout=300)
 
 
+def _hold_voice(srv: HearthServer, results: list, prefix: str) -> list[threading.Thread]:
+    """Voice's three places (one slot, two spare ids) held by three members' long turns,
+    running when this returns."""
+    threads = [threading.Thread(target=_send, args=(srv, {**LONG, "priority": "voice",
+                                                         "user": f"{prefix}{i}"}, results))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    _wait(lambda: srv.get("/v1/queue")[1]["running"]["voice"] == 3)
+    return threads
+
+
 @pytest.fixture(scope="module")
 def one_slot(tmp_path_factory):
     """One sequence (voice may use two spare ids), chat's deadline 4 s."""
@@ -117,14 +129,7 @@ def test_answers_carry_the_prediction_made_on_arrival(one_slot):
 def test_a_request_past_its_deadline_is_refused_but_a_job_queues(one_slot):
     srv = one_slot
     results: list = []
-    # Voice's three places (one slot, two spare ids) held by three members' long turns: a
-    # chat waits for all three.
-    threads = [threading.Thread(target=_send, args=(srv, {**LONG, "priority": "voice",
-                                                         "user": f"m{i}"}, results))
-               for i in range(3)]
-    for t in threads:
-        t.start()
-    _wait(lambda: srv.get("/v1/queue")[1]["running"]["voice"] == 3)
+    threads = _hold_voice(srv, results, "m")  # a chat waits for all three
     try:
         _raw(srv, "/v1/chat/completions", _chat("Quick one?", priority="chat"))
         raise AssertionError("expected 429")
@@ -150,13 +155,7 @@ def test_a_request_past_its_deadline_is_refused_but_a_job_queues(one_slot):
 def test_a_newer_voice_turn_supersedes_the_older_still_waiting(one_slot):
     srv = one_slot
     results: list = []
-    # Voice's three places (one slot, two spare ids) held by three members' long turns.
-    blockers = [threading.Thread(target=_send, args=(srv, {**LONG, "priority": "voice",
-                                                          "user": f"v{i}"}, results))
-                for i in range(3)]
-    for t in blockers:
-        t.start()
-    _wait(lambda: srv.get("/v1/queue")[1]["running"]["voice"] == 3)
+    blockers = _hold_voice(srv, results, "v")
     old: list = []
     sat = {"X-Hearth-Satellite": "assist_satellite.kitchen"}
     t_old = threading.Thread(target=_send, args=(srv, _chat("Lights on", priority="voice",
