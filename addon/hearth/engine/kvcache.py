@@ -31,9 +31,9 @@ import dataclasses
 from collections import OrderedDict, defaultdict
 from typing import Any
 
-from .policy.cache import CachePolicy
+from ..policy.cache import CachePolicy
+from ..policy.scheduler import RANK_NAMES
 from .prefix_index import PrefixEntry, PrefixIndex, common_prefix
-from .scheduler import RANK_NAMES
 
 
 class KVPool:

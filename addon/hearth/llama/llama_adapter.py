@@ -17,8 +17,8 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
+from ..shared.protocol import ContextParams
 from .llama_backends import LlamaError, backend_names, init_backend
-from .runner.protocol import ContextParams
 
 log = logging.getLogger(__name__)
 __all__ = ["Context", "ContextParams", "LlamaError", "Model", "backend_names", "init_backend"]
