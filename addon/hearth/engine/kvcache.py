@@ -282,7 +282,7 @@ class KVPool:
         self._index.moved(e, old)
 
     def kept(self) -> set[int]:
-        """Seq ids of the interactive entries within the kept budget (:mod:`.policy.cache`)."""
+        """Seq ids of the interactive entries within the kept budget (:mod:`..policy.cache`)."""
         return self.policy.kept(self.entries.values())
 
     def yields_to(self, e: PrefixEntry, rank: int | None, kept: set[int]) -> bool:

@@ -1,6 +1,6 @@
 """What a model's worker serves once its model is loaded (:mod:`.entry` starts it): the
-server's engine and service channels (:mod:`.protocol`) answered from llama.cpp. Imported only
-after the load; nothing here belongs to the server stack (the engine, the runtime)."""
+server's engine and service channels (:mod:`hearth.shared.protocol`) answered from llama.cpp.
+Imported only after the load; nothing here belongs to the server stack (the engine, the runtime)."""
 
 from __future__ import annotations
 
