@@ -36,7 +36,7 @@ from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
 from vs_llama_server import Client, document, session, voice_msgs  # noqa: E402
 
-from hearth.models import packaged_model  # noqa: E402
+from hearth.fleet.models import packaged_model  # noqa: E402
 
 MODES = ("hearth", "hearth-free", "hearth-one-model", "two-hearths", "two-llama-servers")
 POOL = ("--n-ctx", "8192", "--n-parallel", "4", "--n-batch", "512", "--n-ubatch", "128")

@@ -32,13 +32,13 @@ from engine_host_cost import host_rows, host_table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from llama_in_process import open_model
 
-from hearth.backend import LlamaBackend
+from hearth.chat.prompts import ChatFormatter
 from hearth.engine import Engine, EngineConfig, EngineCore
-from hearth.llama_adapter import ContextParams
-from hearth.llama_sampling import Sampler
-from hearth.prompts import ChatFormatter
-from hearth.requests import Request, SamplingParams
-from hearth.scheduler import PolicyConfig, class_rank
+from hearth.llama.backend import LlamaBackend
+from hearth.llama.llama_adapter import ContextParams
+from hearth.llama.llama_sampling import Sampler
+from hearth.policy.scheduler import PolicyConfig, class_rank
+from hearth.shared.requests import Request, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

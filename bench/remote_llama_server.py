@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
 
-from hearth.models import packaged_model  # noqa: E402
+from hearth.fleet.models import packaged_model  # noqa: E402
 
 
 def main() -> int:

@@ -148,7 +148,7 @@ def run_anchor(sessions: list, duration: float, drain: float, progress: Progress
                raw: Path) -> tuple[Target, Replay, str]:
     from llama_server import LlamaServer
 
-    from hearth.models import packaged_model
+    from hearth.fleet.models import packaged_model
 
     model = packaged_model()
     with LlamaServer(model, *LLAMA_ARGS) as chat, LlamaServer(model, *LLAMA_EMBED_ARGS) as emb:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
 
-from hearth.models import packaged_model  # noqa: E402
+from hearth.fleet.models import packaged_model  # noqa: E402
 
 POOL = {"n_ctx": 16384, "n_parallel": 8, "n_batch": 512, "n_ubatch": 128}
 VOICE_SYSTEM = "You are a voice assistant. Be brief."

@@ -35,7 +35,7 @@ from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
 from vs_llama_server import COMMANDS, Client, session, write_run  # noqa: E402
 
-from hearth.models import packaged_model  # noqa: E402
+from hearth.fleet.models import packaged_model  # noqa: E402
 
 POOL = ("-c", "4096", "-np", "4", "-b", "512", "-ub", "128", "--kv-unified")
 HEARTH_POOL = ("--n-ctx", "4096", "--n-parallel", "4", "--n-batch", "512", "--n-ubatch", "128",

@@ -17,9 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hearth.models import packaged_model
+from hearth.fleet.models import packaged_model
 from hearth.runner import boot
-from hearth.runner.protocol import ContextParams
+from hearth.shared.protocol import ContextParams
 
 
 def worker_cfg(model: Path | str | None = None, **kw: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.llama_adapter import Context, ContextParams
+from hearth.llama.llama_adapter import Context, ContextParams
 
 
 def greedy(model, text: str, sample_with, n: int = 40) -> str:

@@ -1,11 +1,11 @@
-"""Random JSON schemas within Hearth's limits (hearth.schema_limits), for the property tests
+"""Random JSON schemas within Hearth's limits (hearth.chat.schema_limits), for the property tests
 of the limits and the fuzzing of llama.cpp's grammar path in a worker."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from hearth import schema_limits as sl
+from hearth.chat import schema_limits as sl
 
 names = st.text("abcdefgh_", min_size=1, max_size=8)
 counts = st.integers(0, sl.MAX_COUNT)

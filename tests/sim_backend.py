@@ -11,8 +11,8 @@ import json
 from hearth.engine import EngineConfig, EngineCore
 from hearth.engine.base import SampleAfterDecode
 from hearth.engine.kv import KVSpace
-from hearth.requests import Request, SamplingParams
-from hearth.scheduler import PolicyConfig, class_rank
+from hearth.policy.scheduler import PolicyConfig, class_rank
+from hearth.shared.requests import Request, SamplingParams
 
 EOG = 2
 POISON = 666_666  # a token whose batch llama_decode fails on

@@ -1,6 +1,6 @@
 """The HTTP layer (aiohttp): OpenAI-compatible endpoints and the Hearth API. Thin: it checks
-auth, validates bodies, hands them to :mod:`hearth.completions` / :mod:`hearth.jobs` and writes
-the answers."""
+auth, validates bodies, hands them to :mod:`hearth.chat.completions` /
+:mod:`hearth.jobs.runner` and writes the answers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import ClientSession, web
 
-from . import __version__, discovery, job_queue
+from . import __version__, discovery
 from .api import ollama, queue_stream, reservations
 from .api.claims import VoiceShares, claimed_rank, pinned_user
 from .api.guard import Guard
@@ -37,17 +37,18 @@ from .api.http import (
     request_user,
     serve_completion,
 )
+from .api.metrics import CONTENT_TYPE, Metrics
 from .api.names import listed, with_model
-from .api.queued import sse_status
-from .api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
+from .api.openapi import build as build_openapi
+from .chat.api_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, JobCreate
 from .fleet.fleet import Fleet
-from .job_store import STATUSES, JobStore
-from .jobs import JobRunner, validate_job_request
-from .metrics import CONTENT_TYPE, Metrics
-from .openapi import build as build_openapi
-from .runtime import Runtime
-from .scheduler import RANK_NAMES, class_rank
-from .serving import completion, embeddings, warm
+from .fleet.runtime import Runtime
+from .jobs import queue as job_queue
+from .jobs.runner import JobRunner, validate_job_request
+from .jobs.store import STATUSES, JobStore
+from .policy.scheduler import RANK_NAMES, class_rank
+from .service.queued import sse_status
+from .service.serving import completion, embeddings, warm
 from .settings import Settings
 
 log = logging.getLogger(__name__)

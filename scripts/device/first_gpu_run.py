@@ -203,7 +203,7 @@ class Run:
         dst = self.work / name
         if not dst.is_file():
             smollm = subprocess.run(
-                [sys.executable, "-c", "from hearth.models import packaged_model as p; "
+                [sys.executable, "-c", "from hearth.fleet.models import packaged_model as p; "
                  "print(p())"], capture_output=True, text=True, env=self.env, check=True)
             self.make_model("vocab", smollm.stdout.strip(), str(dst))
         return dst

@@ -41,7 +41,7 @@ from pathlib import Path
 ADDON = Path(__file__).resolve().parents[2] / "addon"
 sys.path.insert(0, str(ADDON))
 # What the worker imported before llama.cpp until it had a bootstrap of its own.
-SERVER_STACK = ("asyncio", "ssl", "numpy", "pydantic", "aiohttp", "hearth.runtime",
+SERVER_STACK = ("asyncio", "ssl", "numpy", "pydantic", "aiohttp", "hearth.fleet.runtime",
                 "hearth.engine", "hearth.server")
 WORKER_MODULE = "hearth.runner"
 
@@ -49,7 +49,7 @@ WORKER_MODULE = "hearth.runner"
 def cfg_for(model: str, gpu_layers: int) -> dict:
     from dataclasses import asdict
 
-    from hearth.runner.protocol import ContextParams
+    from hearth.shared.protocol import ContextParams
 
     return {"model": model, "embedding_model": "", "n_gpu_layers": gpu_layers, "use_mmap": True,
             "verbose": True, "context": asdict(ContextParams(n_ctx=2048, n_seq_max=2)),

@@ -85,7 +85,7 @@ def test_each_board_cpu_gets_its_variant(image, cpu, best):
     """Every variant library scores itself against the CPU's features (qemu-user reports the
     emulated CPU's); the best that this CPU runs comes first."""
     out = podman("run", "--rm", "-e", f"QEMU_CPU={cpu}", "--entrypoint", "/opt/venv/bin/python3",
-                 image, "-c", "from hearth.llama_backends import cpu_variants; "
+                 image, "-c", "from hearth.llama.llama_backends import cpu_variants; "
                  "print(' '.join(n for n, _ in cpu_variants()))", timeout=600)
     variants = out.stdout.split()
     assert variants and variants[0] == best, (cpu, variants)

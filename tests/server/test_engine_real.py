@@ -10,12 +10,12 @@ import pytest
 from llama_in_process import open_model
 from real_model import greedy
 
-from hearth.backend import LlamaBackend
+from hearth.chat.prompts import ChatFormatter
 from hearth.engine import Engine, EngineConfig, EngineCore, RequestError
-from hearth.llama_adapter import Context, ContextParams
-from hearth.prompts import ChatFormatter
-from hearth.requests import Request, SamplingParams
-from hearth.scheduler import PolicyConfig, class_rank
+from hearth.llama.backend import LlamaBackend
+from hearth.llama.llama_adapter import Context, ContextParams
+from hearth.policy.scheduler import PolicyConfig, class_rank
+from hearth.shared.requests import Request, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -315,7 +315,7 @@ def test_the_embedded_model_is_one_the_engine_can_share(model):
 
 def _greedy_json(model, sample_with) -> str:
     """40 greedy tokens of a JSON answer, sampled by ``sample_with(ctx, schema_grammar)``."""
-    from hearth.llama_sampling import json_schema_grammar
+    from hearth.chat.tool_grammars import json_schema_grammar
 
     grammar = json_schema_grammar({"type": "object", "properties": {
         "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
@@ -333,7 +333,7 @@ def test_grammar_checked_on_the_sampled_token_gives_what_the_full_grammar_gives(
     yields the very tokens of the grammar applied to every candidate, greedy."""
     import llama_cpp as L
 
-    from hearth.llama_sampling import Sampler, _grammar_sampler
+    from hearth.llama.llama_sampling import Sampler, _grammar_sampler
 
     def whole_vocabulary(ctx, grammar):
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())

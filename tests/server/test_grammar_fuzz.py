@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from llama_in_process import skipped_rungs
 from schema_strategies import schemas
 
+from hearth.chat.schema_limits import check_grammar_size, check_schema
+from hearth.chat.tool_grammars import json_schema_grammar
 from hearth.engine.base import WorkerLost
+from hearth.fleet.models import packaged_model
 from hearth.fleet.process import WorkerError, WorkerProcess
-from hearth.llama_sampling import json_schema_grammar
-from hearth.models import packaged_model
-from hearth.requests import SamplingParams
-from hearth.runner.protocol import ContextParams
-from hearth.schema_limits import check_grammar_size, check_schema
+from hearth.shared.protocol import ContextParams
+from hearth.shared.requests import SamplingParams
 
 pytestmark = pytest.mark.model
 EXAMPLES = int(os.environ.get("HEARTH_GRAMMAR_FUZZ_EXAMPLES", "40"))

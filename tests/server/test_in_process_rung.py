@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hearth.llama_backends import cpu_rungs
-from hearth.runner.protocol import FAULT_ENV
+from hearth.llama.llama_backends import cpu_rungs
+from hearth.shared.protocol import FAULT_ENV
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]

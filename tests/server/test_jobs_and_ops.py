@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from hearth_server import HearthServer
 
-from hearth.models import packaged_model
+from hearth.fleet.models import packaged_model
 
 pytestmark = pytest.mark.model
 

@@ -17,13 +17,13 @@ import pytest
 from llama_in_process import rung, worker_cfg
 
 from hearth.fleet.process import WorkerProcess
-from hearth.llama_backends import _lib_dir
+from hearth.llama.llama_backends import _lib_dir
 from hearth.runner import snapshot
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_STACK = ("asyncio", "aiohttp", "pydantic", "ssl", "_ssl", "hearth.engine",
-                "hearth.runtime", "hearth.fleet", "hearth.api", "hearth.server")
+                "hearth.fleet.runtime", "hearth.fleet", "hearth.api", "hearth.server")
 
 
 def snaps(folder: Path) -> dict[str, dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hearth import schema_limits as sl
+from hearth.chat import schema_limits as sl
 
 pytestmark = pytest.mark.model
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from hearth_server import HearthServer
 
-from hearth.models import packaged_model
+from hearth.fleet.models import packaged_model
 
 TOOLS = [{"type": "function", "function": {
     "name": "HassTurnOn", "description": "Turns on a device or entity",

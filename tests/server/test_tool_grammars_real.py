@@ -10,17 +10,18 @@ import pytest
 from llama_in_process import open_model
 from real_model import greedy as _greedy
 
-from hearth.llama_sampling import Sampler, json_schema_grammar
-from hearth.requests import SamplingParams
-from hearth.tool_grammars import (
+from hearth.chat.tool_grammars import (
     LAZY_CALL_TRIGGER,
+    json_schema_grammar,
     lazy_call_grammar,
     lazy_call_trigger,
     tool_call_schema,
     with_argument_values,
     wrap_grammar,
 )
-from hearth.tools import parse_tool_calls
+from hearth.chat.tools import parse_tool_calls
+from hearth.llama.llama_sampling import Sampler
+from hearth.shared.requests import SamplingParams
 
 # One intent tool whose name argument may be only an exposed light's.
 TOOLS = with_argument_values([{"type": "function", "function": {

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hearth_server import HearthServer
 
-from hearth.llama_backends import cpu_rungs
+from hearth.llama.llama_backends import cpu_rungs
 
 pytestmark = pytest.mark.model
 

@@ -9,10 +9,10 @@ from sim_backend import SimBackend, request
 from hearth.engine.admission import Admitter
 from hearth.engine.base import ADMIT_RECHECK_S, BatchItem, EngineConfig
 from hearth.engine.kv import KVSpace
+from hearth.engine.stats import Stats
 from hearth.policy.queue import WaitQueue
-from hearth.requests import Request
-from hearth.scheduler import Policy, PolicyConfig
-from hearth.stats import Stats
+from hearth.policy.scheduler import Policy, PolicyConfig
+from hearth.shared.requests import Request
 
 
 def admitter(n_parallel: int = 2, **policy):

@@ -14,7 +14,7 @@ from sim_backend import SimBackend, make_core, request
 from hearth.engine import Engine
 from hearth.engine.arbiter import Arbiter, best_rank
 from hearth.policy.arbitration import IDLE_RANK, Arbitration
-from hearth.scheduler import INTERACTIVE_RANK, class_rank
+from hearth.policy.scheduler import INTERACTIVE_RANK, class_rank
 
 VOICE, CHAT, AGENT, BACKGROUND = (class_rank(c) for c in ("voice", "chat", "agent", "background"))
 

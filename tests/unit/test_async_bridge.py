@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 from hearth.engine import AsyncStream
-from hearth.requests import Event
+from hearth.shared.requests import Event
 
 
 def test_events_from_another_thread_arrive_whole_and_in_order_with_batched_wakeups():

@@ -11,8 +11,8 @@ from hearth.engine.base import EngineConfig
 from hearth.engine.batching import BatchComposer
 from hearth.engine.cost import attention
 from hearth.engine.outbox import Outbox
-from hearth.requests import Event
-from hearth.scheduler import Policy, PolicyConfig
+from hearth.policy.scheduler import Policy, PolicyConfig
+from hearth.shared.requests import Event
 
 TARGET = 0.06
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_backend import SimBackend, make_core, request, run_until
 
+from hearth.engine.prefix_index import PrefixEntry
 from hearth.policy.cache import CachePolicy
-from hearth.prefix_index import PrefixEntry
 
 
 def entry(seq: int, rank: int, own: int, hits: int = 0) -> PrefixEntry:

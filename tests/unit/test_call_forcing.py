@@ -1,4 +1,4 @@
-"""Jump-forward in tool calls (hearth.call_forcing): what the forcer writes is always what the
+"""Jump-forward in tool calls (hearth.chat.call_forcing): what the forcer writes is always what the
 call would have held, and through the engine the output stays token for token the model's
 while fewer steps sample."""
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_backend import Collector, Scripted, make_core, run_until
 
-from hearth.call_forcing import CallForcer
-from hearth.requests import Request
+from hearth.chat.call_forcing import CallForcer
+from hearth.shared.requests import Request
 
 PROPS = {"name": {"type": "string", "enum": ["Kitchen light", "Kitchen lamp", "Porch light"]},
          "area": {"type": "string", "enum": ["Kitchen", "Porch"]},

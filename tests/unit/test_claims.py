@@ -6,8 +6,8 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from hearth.api.claims import VoiceShares, authenticate, claimed_rank, pinned_user
-from hearth.completions import CompletionError
-from hearth.scheduler import CHAT_RANK, VOICE_RANK, class_rank
+from hearth.chat.completions import CompletionError
+from hearth.policy.scheduler import CHAT_RANK, VOICE_RANK, class_rank
 from hearth.settings import Settings
 
 SETTINGS = Settings(api_key="main-key-123", api_keys=[

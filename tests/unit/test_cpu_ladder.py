@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.cpu_ladder import NO_EXTRA, cost, extra_buffers, ladder, rung_variant, step_down
+from hearth.policy.cpu_ladder import NO_EXTRA, cost, extra_buffers, ladder, rung_variant, step_down
 
 X86 = ["sapphirerapids", "zen4", "icelake", "haswell"]
 

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_backend import SimBackend, make_core, request
 
-from hearth.call_forcing import CallForcer
+from hearth.chat.call_forcing import CallForcer
 from hearth.engine.base import BatchItem, sample_run
 from hearth.engine.cost import CostModel
 from hearth.engine.drafts import PROBE_EVERY, Drafts, Payoff, best_guesses
-from hearth.requests import Request
-from hearth.stats import Stats
+from hearth.engine.stats import Stats
+from hearth.shared.requests import Request
 
 EXAMPLES = int(os.environ.get("HEARTH_PROPERTY_EXAMPLES", "150"))
 

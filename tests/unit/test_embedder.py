@@ -11,9 +11,9 @@ from sim_backend import Collector, SimBackend
 
 from hearth.engine.base import BatchItem, EngineConfig
 from hearth.engine.embeddings import Embedder
-from hearth.requests import Request
-from hearth.scheduler import Policy, PolicyConfig
-from hearth.stats import Stats
+from hearth.engine.stats import Stats
+from hearth.policy.scheduler import Policy, PolicyConfig
+from hearth.shared.requests import Request
 
 TARGET = 0.06
 

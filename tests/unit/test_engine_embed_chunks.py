@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 from sim_backend import Collector, SimBackend, make_core, request, run_until
 
-from hearth.requests import Request
+from hearth.shared.requests import Request
 
 TARGET = 0.06
 

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 from sim_backend import Collector, SimBackend, make_core, request, run_until
 
-from hearth.requests import Request
+from hearth.shared.requests import Request
 
 
 def embedding_request(n_inputs: int, tokens_each: int = 20) -> tuple[Request, list]:

@@ -67,7 +67,7 @@ def test_a_light_member_is_not_kept_waiting_for_a_slot():
 def test_the_slot_comes_from_the_member_over_its_share_never_from_voice():
     """The request that yields is the heavy member's newest, of the light request's class or
     lower; a voice request is never the one to go, nor does a lower class take a slot."""
-    from hearth.scheduler import Policy, PolicyConfig
+    from hearth.policy.scheduler import Policy, PolicyConfig
 
     class R:
         def __init__(self, i, user, rank, admitted):

@@ -76,7 +76,7 @@ def test_prefill_never_overflows_the_batch():
 def test_the_runtime_reports_a_dead_engine_and_stops_the_process(monkeypatch):
     """/health turns to failed with the reason, and the process is asked to stop gracefully
     (SIGTERM: jobs are requeued) with a failure status, so its supervisor restarts it."""
-    from hearth import runtime
+    from hearth.fleet import runtime
     from hearth.settings import Settings
 
     signals: list[tuple[int, int]] = []
@@ -175,7 +175,7 @@ def test_a_decode_that_will_not_stop_costs_its_worker_not_the_process():
     worker process it is killed at once, and an engine that stopped asks its worker to exit."""
     from types import SimpleNamespace
 
-    from hearth import runtime
+    from hearth.fleet import runtime
     from hearth.settings import Settings
 
     stops: list[float] = []

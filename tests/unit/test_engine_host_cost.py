@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from sim_backend import SimBackend, make_core, request
 
 from hearth.policy.queue import WaitQueue
-from hearth.requests import Request
-from hearth.scheduler import Policy, PolicyConfig
+from hearth.policy.scheduler import Policy, PolicyConfig
+from hearth.shared.requests import Request
 
 CLASSES = ("chat", "agent", "background")
 

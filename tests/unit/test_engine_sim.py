@@ -8,7 +8,7 @@ import pytest
 from sim_backend import Collector, SimBackend, make_core, request, run_until
 
 from hearth.engine import VOICE_PREFILL_STRETCH, RequestError
-from hearth.requests import Request
+from hearth.shared.requests import Request
 
 
 def iterations_to_first_token(mode: str) -> tuple[int, float, float]:

@@ -7,7 +7,7 @@ import pytest
 from llama_in_process import open_model
 
 from hearth.fleet.gguf import GGUFError, read_metadata, shape_of
-from hearth.models import packaged_model
+from hearth.fleet.models import packaged_model
 
 
 def test_shape_matches_what_llama_cpp_reads():

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from hearth.policy.arbitration import Arbitration
-from hearth.scheduler import CLASS_RANKS, Policy, PolicyConfig
+from hearth.policy.scheduler import CLASS_RANKS, Policy, PolicyConfig
 
 
 def req(i, cls, arrival, admitted):

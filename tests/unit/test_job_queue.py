@@ -7,8 +7,8 @@ import asyncio
 import json
 from types import SimpleNamespace
 
-from hearth import job_queue
-from hearth.job_store import JobStore
+from hearth.jobs import queue as job_queue
+from hearth.jobs.store import JobStore
 
 
 def _events(store: JobStore) -> list[dict]:

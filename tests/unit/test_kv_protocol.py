@@ -1,6 +1,6 @@
 """The KV protocol under memory pressure (simulated backend): reservation at admission, a fit
 check before each decode, preemption that keeps the victim's cells, eviction that keeps what
-is used. See hearth.kvcache's docstring for the protocol's three lines."""
+is used. See hearth.engine.kvcache's docstring for the protocol's three lines."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hearth.kvcache import KVPool, common_prefix
+from hearth.engine.kvcache import KVPool, common_prefix
 
 
 def lookup(pool: KVPool, tokens: list[int]):

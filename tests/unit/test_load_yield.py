@@ -17,8 +17,8 @@ from proc_sched import SCHED_OTHER, thread_sched
 
 from hearth.fleet.load_priority import LoadTurn
 from hearth.policy.load_yield import IDLE_RANK, LoadClock, LoadYield
+from hearth.policy.scheduler import class_rank
 from hearth.runner.low_priority import LowPriorityThread
-from hearth.scheduler import class_rank
 
 VOICE, CHAT, AGENT, BACKGROUND = (class_rank(c) for c in ("voice", "chat", "agent", "background"))
 RANKS = [VOICE, CHAT, AGENT, BACKGROUND, IDLE_RANK]

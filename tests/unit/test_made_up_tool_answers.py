@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from sim_backend import Scripted, make_core, run_until
 
-from hearth.api_models import ChatCompletionRequest
-from hearth.completions import Completion
-from hearth.tools import RESPONSE_OPEN
+from hearth.chat.api_models import ChatCompletionRequest
+from hearth.chat.completions import Completion
+from hearth.chat.tools import RESPONSE_OPEN
 
 TOOLS = [{"type": "function", "function": {
     "name": "HassTurnOn", "parameters": {"type": "object", "properties": {

@@ -11,7 +11,7 @@ from hearth.engine.base import EngineConfig
 from hearth.engine.compaction import Packer
 from hearth.engine.kv import KVSpace
 from hearth.policy.queue import WaitQueue
-from hearth.requests import Request
+from hearth.shared.requests import Request
 
 SYSTEMS = [[7000 + 1000 * k + i for i in range(60)] for k in range(2)]
 

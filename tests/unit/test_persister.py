@@ -9,8 +9,8 @@ from sim_backend import SimBackend, computed
 from hearth.engine.base import EngineConfig
 from hearth.engine.kv import KVSpace
 from hearth.engine.persistence import PERSIST_EVERY_S, Persister
+from hearth.engine.prefix_store import PrefixStore
 from hearth.policy.queue import WaitQueue
-from hearth.prefix_store import PrefixStore
 
 KEY = {"model": "/models/m.gguf", "size": 123, "n_ctx": 4000}
 SYSTEM = [7000 + i for i in range(60)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hearth.prefix_index import INDEX_LEN, PrefixEntry, PrefixIndex, common_prefix
+from hearth.engine.prefix_index import INDEX_LEN, PrefixEntry, PrefixIndex, common_prefix
 
 tokens = st.lists(st.integers(0, 2), min_size=0, max_size=3 * INDEX_LEN)
 

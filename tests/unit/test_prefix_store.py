@@ -1,4 +1,4 @@
-"""The prefix cache on disk (hearth.prefix_store, hearth.engine.persistence) on the simulated
+"""The prefix cache on disk (hearth.engine.prefix_store, hearth.engine.persistence) on the simulated
 backend: what one engine saves another restores, sharing and classes included; damaged,
 foreign and oversized files never reach the KV cache."""
 
@@ -9,7 +9,7 @@ import logging
 from sim_backend import SimBackend, make_core, request, run_until
 
 from hearth.engine.persistence import HEADER_BYTES
-from hearth.prefix_store import PrefixStore, name_for
+from hearth.engine.prefix_store import PrefixStore, name_for
 
 KEY = {"model": "/models/m.gguf", "size": 123, "n_ctx": 4000}
 
@@ -103,7 +103,7 @@ def test_damaged_and_foreign_files_are_skipped_with_a_log_line(tmp_path, caplog)
     raw[-3] ^= 0xFF  # one flipped byte in the cells
     files[1].write_bytes(bytes(raw))
     (tmp_path / "prefix-cache" / "junk.kvstate").write_bytes(b"not a prefix at all")
-    with caplog.at_level(logging.WARNING, logger="hearth.prefix_store"):
+    with caplog.at_level(logging.WARNING, logger="hearth.engine.prefix_store"):
         fresh, fb = _core(tmp_path)
         assert fresh.restore(fresh.store.load()) == 1
     messages = " ".join(r.getMessage() for r in caplog.records)
@@ -111,7 +111,7 @@ def test_damaged_and_foreign_files_are_skipped_with_a_log_line(tmp_path, caplog)
     assert fresh.store.skipped == 3 and fresh.pool.used_cells == fb.used
 
     other, _ = _core(tmp_path, key={**KEY, "size": 124})  # the model file changed
-    with caplog.at_level(logging.WARNING, logger="hearth.prefix_store"):
+    with caplog.at_level(logging.WARNING, logger="hearth.engine.prefix_store"):
         assert other.restore(other.store.load()) == 0
     assert "size differ" in caplog.text
 
@@ -120,7 +120,7 @@ def test_a_store_that_cannot_be_written_costs_the_cache_only(tmp_path, caplog):
     (tmp_path / "prefix-cache").write_text("a file where the folder should be")
     core, b = _core(tmp_path)
     _household(core, b)
-    with caplog.at_level(logging.WARNING, logger="hearth.prefix_store"):
+    with caplog.at_level(logging.WARNING, logger="hearth.engine.prefix_store"):
         core.persist(force=True).result()
     assert "cannot save the prefix cache" in caplog.text
     turn = _serve(core, b, "voice", 30, 5, SYSTEM)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hearth.prompts import ChatFormatter
+from hearth.chat.prompts import ChatFormatter
 
 LLAMA_LIKE = (  # a template that trims content, as Llama 3's and Gemma's do
     "{% for m in messages %}{{ '<|start|>' + m['role'] + '\\n' + m['content'] | trim + "

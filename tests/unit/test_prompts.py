@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hearth.prompts import CHATML, ChatFormatter, PromptError, content_text
+from hearth.chat.prompts import CHATML, ChatFormatter, PromptError, content_text
 
 TOOLS = [{"type": "function", "function": {
     "name": "HassTurnOn", "description": "Turn on a device",

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from sim_backend import Collector, Scripted, make_core, run_until
 
-from hearth.api_models import ChatCompletionRequest
-from hearth.completions import Completion
-from hearth.prompts import ChatFormatter
-from hearth.reasoning import (
+from hearth.chat.api_models import ChatCompletionRequest
+from hearth.chat.completions import Completion
+from hearth.chat.prompts import ChatFormatter
+from hearth.chat.reasoning import (
     MARKERS,
     THINK,
     ReasoningSplitter,
@@ -23,8 +23,8 @@ from hearth.reasoning import (
     prompt_opens,
     split_reasoning,
 )
-from hearth.requests import Event, Request, SamplingParams
-from hearth.scheduler import CHAT_RANK, VOICE_RANK
+from hearth.policy.scheduler import CHAT_RANK, VOICE_RANK
+from hearth.shared.requests import Event, Request, SamplingParams
 
 
 def stream(pieces: list[str], started: bool = False, markers=THINK) -> tuple[str, str]:

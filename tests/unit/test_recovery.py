@@ -11,10 +11,10 @@ from hearth.engine.embeddings import Embedder
 from hearth.engine.kv import KVSpace
 from hearth.engine.outbox import Outbox
 from hearth.engine.recovery import SOLO_TRIES, Recovery
+from hearth.engine.stats import Stats
 from hearth.policy.queue import WaitQueue
-from hearth.requests import Request
-from hearth.scheduler import Policy, PolicyConfig
-from hearth.stats import Stats
+from hearth.policy.scheduler import Policy, PolicyConfig
+from hearth.shared.requests import Request
 
 
 def recovery():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hearth.policy.residency import ModelView, Plan, ResidencyPolicy
-from hearth.scheduler import BACKGROUND_RANK, VOICE_RANK
+from hearth.policy.scheduler import BACKGROUND_RANK, VOICE_RANK
 
 MIB = 2**20
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hearth.scheduler import CLASS_RANKS, Policy, PolicyConfig, class_rank
+from hearth.policy.scheduler import CLASS_RANKS, Policy, PolicyConfig, class_rank
 
 
 @dataclass(eq=False)

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schema_strategies import schemas
 
-from hearth import schema_limits as sl
 from hearth.api.ollama_convert import renamed
-from hearth.api_models import ChatCompletionRequest
-from hearth.completions import CompletionError, check_limits
-from hearth.jobs import validate_job_request
-from hearth.llama_sampling import json_schema_grammar
-from hearth.schema_limits import SchemaTooLarge, check_grammar_size, check_schema
+from hearth.chat import schema_limits as sl
+from hearth.chat.api_models import ChatCompletionRequest
+from hearth.chat.completions import CompletionError, check_limits
+from hearth.chat.schema_limits import SchemaTooLarge, check_grammar_size, check_schema
+from hearth.chat.tool_grammars import json_schema_grammar
+from hearth.jobs.runner import validate_job_request
 
 FIELD = "response_format.json_schema.schema"
 KILLERS = {  # ~50 bytes each; each took the server down
@@ -243,7 +243,7 @@ def test_argument_sets_are_sent_once_and_shared_by_reference():
     import pytest
     from pydantic import ValidationError
 
-    from hearth.api_models import ChatCompletionRequest
+    from hearth.chat.api_models import ChatCompletionRequest
 
     names = [f"Light {i}" for i in range(300)]
     body = ChatCompletionRequest.model_validate({

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import pytest
 
-from hearth import models
 from hearth.cli import build_parser
+from hearth.fleet import models
 from hearth.settings import load
 
 

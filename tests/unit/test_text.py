@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.requests import StopMatcher, Utf8Decoder
+from hearth.shared.requests import StopMatcher, Utf8Decoder
 
 
 def test_stop_string_split_across_tokens_is_held_then_cut():

@@ -10,7 +10,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hearth.tools import ToolStream, parse_tool_calls
+from hearth.chat.tools import ToolStream, parse_tool_calls
 
 NAMES = {"HassTurnOn", "HassTurnOff"}
 CALL = {"name": "HassTurnOn", "arguments": {"name": "Kitchen light"}}
@@ -181,7 +181,7 @@ def test_the_lazy_trigger_matches_only_openings_its_grammar_accepts():
     20 spaces or tabs); anything else stays free rather than triggering."""
     import re
 
-    from hearth.tool_grammars import LAZY_CALL_TRIGGER, lazy_call_grammar, lazy_call_trigger
+    from hearth.chat.tool_grammars import LAZY_CALL_TRIGGER, lazy_call_grammar, lazy_call_trigger
 
     trigger = re.compile(LAZY_CALL_TRIGGER)
     assert trigger.groups == 0  # a group would move where the replay starts

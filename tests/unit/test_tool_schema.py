@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from hearth.tool_grammars import BOUNDED_ENUM_VALUES, tool_call_schema
+from hearth.chat.tool_grammars import BOUNDED_ENUM_VALUES, tool_call_schema
 
 
 def _tool(params: dict) -> dict:

@@ -14,7 +14,7 @@ from hearth.engine.batching import BatchComposer
 from hearth.engine.kv import KVSpace
 from hearth.engine.view import View
 from hearth.policy.queue import WaitQueue
-from hearth.scheduler import Policy, PolicyConfig
+from hearth.policy.scheduler import Policy, PolicyConfig
 
 
 def test_counts_by_class_and_a_view_replaced_whole():

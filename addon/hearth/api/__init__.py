@@ -1,3 +1,3 @@
 """HTTP only: what the OpenAI, Ollama and Hearth routes share (errors, auth, bodies, model
 names), and the Ollama routes. The routes translate to the requests of
-:mod:`hearth.completions`, the one place that builds prompts and grammars."""
+:mod:`hearth.chat.completions`, the one place that builds prompts and grammars."""

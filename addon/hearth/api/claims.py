@@ -8,8 +8,8 @@ key's name whatever the request says. The ``api_key`` (the one Home Assistant ge
 discovery) may use every class and name its members.
 
 Either way a member holds at most ``voice_per_member`` voice requests at once, on every route
-that runs work, jobs included (:mod:`hearth.jobs`): more of its voice requests run as chat, so
-one member's flood tagged ``voice`` cannot hold up another's.
+that runs work, jobs included (:mod:`hearth.jobs.runner`): more of its voice requests run as
+chat, so one member's flood tagged ``voice`` cannot hold up another's.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
-from ..completions import CompletionError
-from ..scheduler import CHAT_RANK, RANK_NAMES, VOICE_RANK, class_rank
+from ..chat.completions import CompletionError
+from ..policy.scheduler import CHAT_RANK, RANK_NAMES, VOICE_RANK, class_rank
 from ..settings import KeySpec, Settings
 
 KEY = "hearth.key"  # the request's matched KeySpec (absent: the main key, or no key at all)

@@ -14,13 +14,13 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from ..completions import CompletionError
+from ..chat.completions import CompletionError
 from ..fleet.fleet import Fleet
-from ..jobs import JobRunner
-from ..metrics import Metrics
-from ..scheduler import class_rank
+from ..jobs.runner import JobRunner
+from ..policy.scheduler import class_rank
 from .claims import VoiceShares, authenticate, claimed_rank, key_required, pinned_user
 from .guard import Guard
+from .metrics import Metrics
 from .satellite import tag_satellite
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from ..completions import CompletionError
+from ..chat.completions import CompletionError
 from ..fleet.registry import UnknownModel
-from ..runtime import Runtime
-from ..scheduler import RANK_NAMES
+from ..fleet.runtime import Runtime
+from ..policy.scheduler import RANK_NAMES
 from .http import CLASS_USED, FLEET, VOICE_SHARES, ApiError, request_class
 
 T = TypeVar("T")

@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from ..backend import l2_normalised
-from ..completions import CompletionError
+from ..chat.completions import CompletionError
+from ..chat.prompts import template_capabilities
+from ..engine.embeddings import l2_normalised
 from ..fleet.gguf import FILE_TYPES
-from ..prompts import template_capabilities
-from ..serving import completion, embedding_inputs_async, embeddings
+from ..service.serving import completion, embedding_inputs_async, embeddings
 from . import ollama_convert as convert
 from .http import FLEET, ApiError, read_body, ready, request_user, serve_completion
 from .names import listed, resolve, use_model, with_model

@@ -2,7 +2,7 @@
 
 Nothing here builds a prompt: a chat or generate body becomes the same ``ChatCompletionRequest``
 (or, for ``raw`` prompts, ``CompletionRequest``) that the OpenAI routes hand to
-:mod:`hearth.completions`.
+:mod:`hearth.chat.completions`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api_models import ChatCompletionRequest, CompletionRequest
-from ..completions import RESPONSE_SCHEMA, CompletionError
+from ..chat.api_models import ChatCompletionRequest, CompletionRequest
+from ..chat.completions import RESPONSE_SCHEMA, CompletionError
 from .http import ApiError, validation_error
 from .ollama_models import ChatBody, GenerateBody, Message, Options
 

@@ -14,10 +14,10 @@ import uuid
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..api_models import ChatCompletionRequest, ReservationCreate
+from ..chat.api_models import ChatCompletionRequest, ReservationCreate
 from ..engine.satellites import RESERVATION_WARM
 from ..policy.classes import VOICE_RANK
-from ..serving import completion
+from ..service.serving import completion
 from .http import FLEET, ApiError, read_body, ready, validation_error
 from .names import resolve
 

@@ -1,5 +1,5 @@
 """The engine: continuous (iteration-level) batching with chunked prefill, a prefix cache and
-preemption, driven by :mod:`hearth.scheduler`.
+preemption, driven by :mod:`hearth.policy.scheduler`.
 
 :class:`EngineCore` is the iteration logic over an abstract :class:`Backend` (llama.cpp in
 production, a simulated cost model in the scheduler tests). :class:`Engine` runs it in the one

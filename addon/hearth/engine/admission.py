@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..policy.queue import WaitQueue
-from ..prefix_index import common_prefix
-from ..requests import Request
-from ..scheduler import Policy
-from ..stats import Stats
+from ..policy.scheduler import Policy
+from ..shared.requests import Request
 from .base import ADMIT_RECHECK_S, Backend, BatchItem, EngineConfig
 from .kv import KVSpace
+from .prefix_index import common_prefix
+from .stats import Stats
 
 log = logging.getLogger("hearth.engine")
 

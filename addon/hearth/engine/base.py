@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..decode_sample import SampleAfterDecode as SampleAfterDecode
-from ..decode_sample import sample_run as sample_run
-from ..requests import Request, SamplingParams
+from ..shared.decode_sample import SampleAfterDecode as SampleAfterDecode
+from ..shared.decode_sample import sample_run as sample_run
+from ..shared.requests import Request, SamplingParams
 
 # While other streams decode, a voice prompt's prefill iterations may run this many latency
 # targets: a voice command after a cached system prompt still goes in one iteration, and an

@@ -5,8 +5,8 @@ requests it is given and asks the policy who shares an iteration; it changes not
 
 from __future__ import annotations
 
-from ..requests import Request
-from ..scheduler import Policy
+from ..policy.scheduler import Policy
+from ..shared.requests import Request
 from .base import DECODES_PER_TARGET, VOICE_PREFILL_STRETCH, Backend, BatchItem, EngineConfig
 from .cost import CostModel, attention
 

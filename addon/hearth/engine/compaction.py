@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..prefix_index import PrefixEntry
 from .base import Backend
 from .kv import KVSpace
+from .prefix_index import PrefixEntry
 
 log = logging.getLogger("hearth.engine")
 

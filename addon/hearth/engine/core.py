@@ -16,12 +16,9 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from ..kvcache import KVPool
 from ..policy.queue import WaitQueue
-from ..prefix_store import PrefixStore, Saved
-from ..requests import Event, Request, StopMatcher
-from ..scheduler import Policy, PolicyConfig
-from ..stats import Stats
+from ..policy.scheduler import Policy, PolicyConfig
+from ..shared.requests import Event, Request, StopMatcher
 from .admission import Admitter
 from .base import Backend, BatchItem, EngineConfig, RequestError, WorkerLost, check_request
 from .batching import BatchComposer
@@ -31,12 +28,15 @@ from .drafts import Drafts
 from .embeddings import Embedder
 from .forcing import JumpForward
 from .kv import KVSpace
+from .kvcache import KVPool
 from .outbox import Outbox
 from .persistence import Persister
+from .prefix_store import PrefixStore, Saved
 from .queue_eta import QueueEta
 from .recovery import Recovery
 from .retiring import Retirer
 from .satellites import Satellites
+from .stats import Stats
 from .view import View
 from .warm_ups import served_warm_ups
 

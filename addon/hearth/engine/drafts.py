@@ -24,11 +24,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..requests import Request
-from ..stats import Stats
+from ..shared.requests import Request
 from .base import Backend, BatchItem
 from .cost import CostModel, attention
 from .kv import KVSpace
+from .stats import Stats
 
 log = logging.getLogger("hearth.engine")
 

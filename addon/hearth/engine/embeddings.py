@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..requests import Event, Request
-from ..scheduler import Policy
-from ..stats import Stats
+from ..policy.scheduler import Policy
+from ..shared.requests import Event, Request
 from .base import Backend, BatchItem, EngineConfig
 from .cost import CostModel
+from .stats import Stats
 
 
 def l2_normalised(vector: list[float]) -> list[float]:
@@ -92,7 +92,7 @@ class Embedder:
             bounded: bool = True) -> None:
         """One chunk of the head embedding request's inputs, within :meth:`budget`
         (at least one input). An input longer than the budget goes in pieces where the
-        backend can (a causal model: :meth:`~hearth.backend.LlamaBackend.embed_piece`), and
+        backend can (a causal model: :meth:`~hearth.llama.backend.LlamaBackend.embed_piece`), and
         its request stays the head until that input is done."""
         _, n_limit = self.b.embed_limits()
         budget = self.budget(streaming, spent, bounded)

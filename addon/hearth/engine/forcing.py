@@ -1,5 +1,5 @@
 """Jump-forward in tool calls, the engine's side: after a sampled token, the text its call's
-schemas fix (:mod:`hearth.call_forcing`) becomes the request's next output without sampling.
+schemas fix (:mod:`hearth.chat.call_forcing`) becomes the request's next output without sampling.
 The worker's sampler takes it token by token as far as the call's grammar allows; the tokens
 go out to the stream now and are decoded with the next iteration's token, as a short prefill
 (the composer feeds all of a request's tokens not yet in the KV cache)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..requests import Request
-from ..scheduler import Policy
-from ..stats import Stats
+from ..policy.scheduler import Policy
+from ..shared.requests import Request
 from .base import Backend
+from .stats import Stats
 
 
 class JumpForward:

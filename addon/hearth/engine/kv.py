@@ -1,18 +1,19 @@
 """The engine's KV cache as one part: the pool's accounting (sequence ids, cells, reservations,
-cached prefixes: :class:`~hearth.kvcache.KVPool`) and the backend's memory calls that keep that
-accounting the cache's own. The engine asks it to seat, grow, keep or release a sequence and to
-free cells; which sequence gives way for which is the policy's (:mod:`.admission`)."""
+cached prefixes: :class:`~hearth.engine.kvcache.KVPool`) and the backend's memory calls that
+keep that accounting the cache's own. The engine asks it to seat, grow, keep or release a
+sequence and to free cells; which sequence gives way for which is the policy's
+(:mod:`.admission`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ..kvcache import KVPool
 from ..policy.queue import WaitQueue
-from ..prefix_index import common_prefix
-from ..requests import Request
+from ..shared.requests import Request
 from .base import Backend, EngineConfig
+from .kvcache import KVPool
+from .prefix_index import common_prefix
 
 # How many waiting requests' prefixes are spared first when cached prefixes must go.
 WANTED_LOOKAHEAD = 32

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from ..requests import Event, Request
+from ..shared.requests import Event, Request
 
 log = logging.getLogger("hearth.engine")
 

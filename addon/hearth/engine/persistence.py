@@ -1,5 +1,5 @@
 """Saving the household's prompts from the prefix cache to disk, and putting them back at start
-(the files are :mod:`hearth.prefix_store`'s).
+(the files are :mod:`hearth.engine.prefix_store`'s).
 
 The engine thread copies the cells of the voice and chat entries out (llama.cpp's sequence
 state) while it is idle, at most every ``PERSIST_EVERY_S``, and once more when the server stops;
@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from ..prefix_index import INDEX_LEN, PrefixEntry
-from ..prefix_store import PrefixStore, Saved, name_for
 from .base import Backend
 from .kv import KVSpace
+from .prefix_index import INDEX_LEN, PrefixEntry
+from .prefix_store import PrefixStore, Saved, name_for
 
 log = logging.getLogger("hearth.engine")
 

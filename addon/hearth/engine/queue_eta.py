@@ -21,7 +21,7 @@ from .cost import attention
 from .satellites import RESERVATION_WARM
 
 if TYPE_CHECKING:
-    from ..requests import Request
+    from ..shared.requests import Request
     from .core import EngineCore
 
 # The whole queue's places are computed at most once a REFRESH_S and REFRESH_ITERATIONS

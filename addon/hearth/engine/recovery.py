@@ -15,13 +15,13 @@ import logging
 from collections.abc import Callable
 
 from ..policy.queue import WaitQueue
-from ..requests import Request
-from ..scheduler import Policy
-from ..stats import Stats
+from ..policy.scheduler import Policy
+from ..shared.requests import Request
 from .base import Backend, BatchItem, WorkerLost
 from .embeddings import Embedder
 from .kv import KVSpace
 from .outbox import Outbox
+from .stats import Stats
 
 log = logging.getLogger("hearth.engine")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..policy.queue import WaitQueue
-from ..requests import Event, Request
-from ..scheduler import Policy
-from ..stats import Stats
+from ..policy.scheduler import Policy
+from ..shared.requests import Event, Request
 from .base import Backend, EngineConfig
 from .kv import KVSpace
 from .outbox import Outbox
+from .stats import Stats
 
 
 class Retirer:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..policy.classes import VOICE_RANK
 from ..policy.reservations import Reservation, Reservations
-from ..requests import Request
+from ..shared.requests import Request
 
 if TYPE_CHECKING:
     from .core import EngineCore

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import ClassVar
 
-from ..requests import Event, Request
+from ..shared.requests import Event, Request
 from .base import WorkerLost
 from .core import EngineCore
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..requests import Request
-from ..scheduler import CLASS_RANKS
+from ..policy.scheduler import CLASS_RANKS
+from ..shared.requests import Request
 
 if TYPE_CHECKING:
-    from ..kvcache import KVPool
-    from ..prefix_store import PrefixStore
-    from ..scheduler import Policy
+    from ..policy.scheduler import Policy
     from .base import Backend
     from .batching import BatchComposer
     from .cost import CostModel
+    from .kvcache import KVPool
+    from .prefix_store import PrefixStore
 
 
 class Engine(Protocol):

@@ -7,7 +7,7 @@ already."""
 
 from __future__ import annotations
 
-from ..requests import Request
+from ..shared.requests import Request
 from .kv import KVSpace
 
 # Tokens of its own prompt a warm-up may leave uncached and still be served: its prompt ends

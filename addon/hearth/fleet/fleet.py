@@ -1,4 +1,4 @@
-"""The models this server serves, each a :class:`~hearth.runtime.Runtime` (its own context and
+"""The models this server serves, each a :class:`~hearth.fleet.runtime.Runtime` (its own context and
 engine thread), loaded and unloaded off the request path.
 
 A request leases its model for as long as it runs (``use``): a leased model is never unloaded.
@@ -19,19 +19,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ..completions import CompletionError
+from ..chat.completions import CompletionError
+from ..chat.prompts import template_capabilities
 from ..engine.arbiter import Arbiter
-from ..models import ModelNotFound, resolve
 from ..policy.arbitration import Arbitration
 from ..policy.residency import Plan, ResidencyPolicy
-from ..prompts import template_capabilities
-from ..runtime import Runtime
-from ..scheduler import INTERACTIVE_RANK
+from ..policy.scheduler import INTERACTIVE_RANK
 from ..settings import CLASS_NAMES, Settings
 from .gguf import GGUFError, read_metadata, shape_of
 from .load_priority import turn_for
+from .models import ModelNotFound, resolve
 from .registry import Registry
 from .remote import RemoteWorker
+from .runtime import Runtime
 from .worker import Worker, memory_budget, settings_for
 
 log = logging.getLogger(__name__)

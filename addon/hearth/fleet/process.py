@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.base import WorkerLost
-from ..runner.protocol import AbortFlag
+from ..shared.protocol import AbortFlag
 
 log = logging.getLogger("hearth.worker")
 WRAPPER_ENV = "HEARTH_WORKER_WRAPPER"

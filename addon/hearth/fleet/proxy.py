@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..requests import SamplingParams, Utf8Decoder
+from ..shared.requests import SamplingParams, Utf8Decoder
 from .process import WorkerError, WorkerProcess
 
 

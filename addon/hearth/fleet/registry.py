@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..models import DEFAULT_FILE, ModelNotFound, resolve
 from ..settings import CLASS_NAMES, ModelSpec, Settings
+from .models import DEFAULT_FILE, ModelNotFound, resolve
 
 ALIAS_CLASSES = ("voice", "chat", "agent", "background")
 # Names every Hearth server answers to: the named class's default model.

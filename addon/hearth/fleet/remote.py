@@ -1,7 +1,7 @@
 """A model on another server: another Hearth, llama-server, vLLM or anything that speaks
-OpenAI's API. It stands where a local :class:`~hearth.runtime.Runtime` stands (the fleet leases
-it, the routes ask it for completions with the same interface), so the OpenAI routes, Ollama's
-and the durable jobs reach it unchanged.
+OpenAI's API. It stands where a local :class:`~hearth.fleet.runtime.Runtime` stands (the fleet
+leases it, the routes ask it for completions with the same interface), so the OpenAI routes,
+Ollama's and the durable jobs reach it unchanged.
 
 Hearth keeps the household's order on top: the class goes along (a Hearth worker reads it as
 ``priority`` by name; vLLM, run with ``--scheduling-policy priority``, as an integer where lower
@@ -24,11 +24,11 @@ from typing import Any
 
 import aiohttp
 
-from ..completions import CompletionError
+from ..chat.completions import CompletionError
+from ..engine.stats import Stats
+from ..policy.scheduler import RANK_NAMES
 from ..redact import redact
-from ..scheduler import RANK_NAMES
 from ..settings import Settings
-from ..stats import Stats
 from .registry import Entry
 
 log = logging.getLogger(__name__)
@@ -206,11 +206,11 @@ class RemoteWorker:
 
 
 class RemoteCompletion:
-    """One completion on a remote worker, with :class:`~hearth.completions.Completion`'s
+    """One completion on a remote worker, with :class:`~hearth.chat.completions.Completion`'s
     interface (submit, result, chunks, cancel)."""
 
     def __init__(self, worker: RemoteWorker, body: Any, rank: int, user: str | None):
-        from ..api_models import ChatCompletionRequest
+        from ..chat.api_models import ChatCompletionRequest
 
         self.worker, self.body, self.rank = worker, body, rank
         self.chat = isinstance(body, ChatCompletionRequest)

@@ -15,9 +15,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..cpu_ladder import step_down
 from ..engine.base import RequestError, WorkerLost
-from ..requests import Request
+from ..policy.cpu_ladder import step_down
+from ..shared.requests import Request
 from .process import WorkerProcess
 
 log = logging.getLogger("hearth.worker")

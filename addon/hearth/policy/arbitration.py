@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..scheduler import INTERACTIVE_RANK
+from .scheduler import INTERACTIVE_RANK
 
 IDLE_RANK = 99  # an engine with nothing to do
 

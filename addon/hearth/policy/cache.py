@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..scheduler import INTERACTIVE_RANK, VOICE_RANK
+from .scheduler import INTERACTIVE_RANK, VOICE_RANK
 
 # The most of the pool the budget grows to for the voice prompts: other work keeps a quarter
 # (in 4,096 cells, a one-off ~900-token prompt at a time beside a 3,000-token voice prompt).

@@ -1,6 +1,6 @@
 """What one iteration of the engine holds and spends, by class: the engine asks, these answer.
 Rules over the policy's settings alone (no state), inherited by
-:class:`~hearth.scheduler.Policy`."""
+:class:`~hearth.policy.scheduler.Policy`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .classes import INTERACTIVE_RANK, VOICE_RANK
 
 
 class IterationRules:
-    cfg: Any  # hearth.scheduler.PolicyConfig
+    cfg: Any  # hearth.policy.scheduler.PolicyConfig
 
     def decode_order(self, running: Iterable[Any]) -> list[Any]:
         """Decode tokens go first in the batch, highest class first (they land in the first
@@ -80,7 +80,7 @@ class IterationRules:
 
     def may_use_spare_ids(self, rank: int) -> bool:
         """Whether a request of class ``rank`` may run beyond ``n_parallel`` on spare sequence
-        ids (:meth:`~hearth.scheduler.Policy.slots_for`): voice, in hearth mode."""
+        ids (:meth:`~hearth.policy.scheduler.Policy.slots_for`): voice, in hearth mode."""
         return self.cfg.mode == "hearth" and rank == VOICE_RANK
 
     def skips_held_back(self) -> bool:

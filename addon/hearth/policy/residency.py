@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..scheduler import INTERACTIVE_RANK
+from .scheduler import INTERACTIVE_RANK
 
 
 @dataclass

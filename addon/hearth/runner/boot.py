@@ -13,7 +13,7 @@ Order, the same everywhere:
    handling are its own): native stdout line-buffered, SIGINT and SIGTERM ignored, faulthandler
    on. It runs *before* the load, because a crash in the load is the one whose Python stack
    matters most, and a Ctrl-C to the process group during a long load is the server's to handle;
-3. the CPU rung: the first of :func:`~hearth.llama_backends.cpu_rungs` not skipped (the
+3. the CPU rung: the first of :func:`~hearth.llama.llama_backends.cpu_rungs` not skipped (the
    supervisor's skip list: rungs that crashed here), told to the caller before anything runs on
    it, so a crash is charged to that rung;
 4. the backend on that rung, the model(s) with the rung's extra buffers, the context;
@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backend import LlamaBackend
-from ..llama_adapter import ContextParams, Model
-from ..llama_backends import NO_EXTRA, cpu_rungs, init_backend
+from ..llama.backend import LlamaBackend
+from ..llama.llama_adapter import ContextParams, Model
+from ..llama.llama_backends import NO_EXTRA, cpu_rungs, init_backend
+from ..shared.protocol import AbortFlag
 from . import faults, snapshot
-from .protocol import AbortFlag
 
 _rung: str | None = None  # the rung this process's backend was initialised on
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 
-from .protocol import FAULT_ENV
+from ..shared.protocol import FAULT_ENV
 
 
 def _faults() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """What a model's worker serves once its model is loaded (:mod:`.entry` starts it): the
-server's engine and service channels (:mod:`.protocol`) answered from llama.cpp. Imported only
-after the load; nothing here belongs to the server stack (the engine, the runtime)."""
+server's engine and service channels (:mod:`hearth.shared.protocol`) answered from llama.cpp.
+Imported only after the load; nothing here belongs to the server stack (the engine, the runtime)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..decode_sample import sample_run
-from ..drafting import Drafter, same_vocabulary
-from ..llama_adapter import LlamaError, Model
-from ..llama_backends import backend_names, cpu_variant
-from ..llama_sampling import Sampler, check_grammar
+from ..llama.drafting import Drafter, same_vocabulary
+from ..llama.llama_adapter import LlamaError, Model
+from ..llama.llama_backends import backend_names, cpu_variant
+from ..llama.llama_sampling import Sampler, check_grammar
+from ..shared.decode_sample import sample_run
 from . import boot, faults
 from .low_priority import LowPriorityThread
 
@@ -137,7 +137,7 @@ class Runner:
     def op_decode_sample(self, tokens: list[int], pos: list[int], seqs: list[int],
                          outputs: list[bool], samples: list[tuple]) -> tuple[int, list, float]:
         """Decode, then sample each output: ``(sampler, row)`` gives one described token,
-        ``(sampler, row, drafts)`` the run :func:`~hearth.decode_sample.sample_run` takes."""
+        ``(sampler, row, drafts)`` the run :func:`~hearth.shared.decode_sample.sample_run` takes."""
         t0 = time.perf_counter()
         status = self.b.decode(tokens, pos, seqs, outputs)
         if status != 0:

@@ -1,8 +1,9 @@
 """The one thin adapter over llama-cpp-python's low-level ctypes bindings: the model, its
 contexts and the backends (``llama_sampling`` holds the samplers and grammars).
 
-Nothing else in Hearth imports ``llama_cpp``. Everything here is owned by the engine thread,
-except :meth:`Context.request_abort`, which any thread may call.
+Outside this folder only :mod:`hearth.chat.tool_grammars` imports ``llama_cpp`` (its
+JSON-schema converter). Everything here is owned by the engine thread, except
+:meth:`Context.request_abort`, which any thread may call.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
+from ..shared.protocol import ContextParams
 from .llama_backends import LlamaError, backend_names, init_backend
-from .runner.protocol import ContextParams
 
 log = logging.getLogger(__name__)
 __all__ = ["Context", "ContextParams", "LlamaError", "Model", "backend_names", "init_backend"]

@@ -8,12 +8,12 @@ import asyncio
 import time
 from typing import Any
 
-from .api_models import ChatCompletionRequest, CompletionRequest
-from .completions import Completion, CompletionError, check_chars, check_limits
-from .engine import AsyncStream, RequestError
-from .engine.base import WorkerLost
-from .requests import Request
-from .scheduler import BACKGROUND_RANK, RANK_NAMES
+from ..chat.api_models import ChatCompletionRequest, CompletionRequest
+from ..chat.completions import Completion, CompletionError, check_chars, check_limits
+from ..engine import AsyncStream, RequestError
+from ..engine.base import WorkerLost
+from ..policy.scheduler import BACKGROUND_RANK, RANK_NAMES
+from ..shared.requests import Request
 
 
 async def completion(target: Any, body: ChatCompletionRequest | CompletionRequest, rank: int,

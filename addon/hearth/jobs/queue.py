@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .api.queued import queue_object
-from .policy.classes import CLASS_RANKS
+from ..policy.classes import CLASS_RANKS
+from ..service.queued import queue_object
 
 EVERY_S = 5.0
 

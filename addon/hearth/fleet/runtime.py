@@ -13,20 +13,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine, EngineConfig, EngineCore
-from .engine.arbiter import Arbiter
-from .engine.base import WorkerLost
-from .fleet.proxy import Boundary, ModelProxy, ProcessBackend
-from .fleet.supervisor import BACKOFF_S, CRASHED_TWICE, STRIKES, Supervisor
+from ..chat.prompts import ChatFormatter
+from ..engine import Engine, EngineConfig, EngineCore
+from ..engine.arbiter import Arbiter
+from ..engine.base import WorkerLost
+from ..engine.prefix_store import PrefixStore
+from ..engine.stats import Stats
+from ..policy.scheduler import PolicyConfig
+from ..redact import redact
+from ..settings import Settings
+from ..shared.protocol import ContextParams
+from ..shared.requests import Event, Request
 from .models import ModelNotFound, resolve
-from .prefix_store import PrefixStore
-from .prompts import ChatFormatter
-from .redact import redact
-from .requests import Event, Request
-from .runner.protocol import ContextParams
-from .scheduler import PolicyConfig
-from .settings import Settings
-from .stats import Stats
+from .proxy import Boundary, ModelProxy, ProcessBackend
+from .supervisor import BACKOFF_S, CRASHED_TWICE, STRIKES, Supervisor
 
 log = logging.getLogger(__name__)
 

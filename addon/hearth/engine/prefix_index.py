@@ -1,5 +1,5 @@
 """The prefix cache's entries and how a prompt finds the ones it may share: the lookup side of
-:mod:`hearth.kvcache` (which keeps the cells' accounting and decides what is given up)."""
+:mod:`hearth.engine.kvcache` (which keeps the cells' accounting and decides what is given up)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scheduler import CLASS_RANKS
+from ..policy.scheduler import CLASS_RANKS
 
 
 @dataclass

@@ -10,7 +10,7 @@ call are such text (``{"name": "intent__HassTurnOn", "arguments": {"name": "Kitc
 "domain": ["light"]}}``: 10 of 29). Forced text ends where the model's own next token would
 start (a whole name, ``": "``, never a brace or quote it writes with what follows), so its
 choices keep the odds they had. The worker checks each forced token against the call's
-grammar before it takes it (:meth:`hearth.llama_sampling.Sampler.force`), so a guess here can
+grammar before it takes it (:meth:`hearth.llama.llama_sampling.Sampler.force`), so a guess here can
 shorten what is forced, never break a held call.
 
 Pure text in, text out: no llama.cpp here."""

@@ -11,14 +11,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..engine import AsyncStream, RequestError
+from ..policy.scheduler import VOICE_RANK
+from ..shared.requests import Event, Request, SamplingParams
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .call_forcing import CallForcer
-from .engine import AsyncStream, RequestError
-from .llama_sampling import json_schema_grammar
 from .prompts import PromptError
 from .reasoning import ReasoningSplitter, markers_for, prompt_opens
-from .requests import Event, Request, SamplingParams
-from .scheduler import VOICE_RANK
 from .schema_limits import (
     SchemaTooLarge,
     check_argument_values,
@@ -27,6 +26,7 @@ from .schema_limits import (
     check_tools,
 )
 from .tool_grammars import (
+    json_schema_grammar,
     lazy_call_grammar,
     lazy_call_trigger,
     tool_call_schema,

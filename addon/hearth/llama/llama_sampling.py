@@ -6,14 +6,13 @@ engine thread, like everything there.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 from typing import Any
 
 import llama_cpp as L
 
+from ..shared.requests import SamplingParams
 from .llama_adapter import Context, LlamaError, Model
-from .requests import SamplingParams
 
 
 class Sampler:
@@ -77,7 +76,8 @@ class Sampler:
 
     def force(self, tokens: list[int]) -> list[int]:
         """Take ``tokens`` as if sampled, as far as the grammar lets each come next: those
-        taken, a prefix of ``tokens`` (text forced in a tool call, :mod:`hearth.call_forcing`)."""
+        taken, a prefix of ``tokens`` (text forced in a tool call,
+        :mod:`hearth.chat.call_forcing`)."""
         taken: list[int] = []
         for tok in tokens:
             if self.grammar is not None and not _grammar_allows(self.grammar, tok):
@@ -123,16 +123,3 @@ def check_grammar(model: Model, gbnf: str) -> None:
         raise ValueError("llama.cpp cannot use the grammar made from this schema (too many "
                          "repetitions, e.g. a large maxLength or maxItems?)")
     L.llama_sampler_free(g)
-
-
-def json_schema_grammar(schema: dict) -> str:
-    """A GBNF grammar (root rule ``root``) accepting JSON valid for ``schema``, from
-    llama-cpp-python's converter. Raises ValueError for schemas it cannot convert."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
-    except Exception as e:  # the converter raises assorted types on bad schemas
-        raise ValueError(f"unsupported JSON schema: {e}") from e
-    # Strict JSON forbids raw control characters inside strings; this converter allows them.
-    return gbnf.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import llama_cpp as L
 
-from .cpu_ladder import NO_EXTRA as NO_EXTRA  # the worker names rungs with it
-from .cpu_ladder import extra_buffers as extra_buffers
-from .cpu_ladder import ladder, rung_variant
+from ..policy.cpu_ladder import NO_EXTRA as NO_EXTRA  # the worker names rungs with it
+from ..policy.cpu_ladder import extra_buffers as extra_buffers
+from ..policy.cpu_ladder import ladder, rung_variant
 
 log = logging.getLogger(__name__)
 

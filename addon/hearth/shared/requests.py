@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scheduler import RANK_NAMES
+from ..policy.scheduler import RANK_NAMES
 
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
@@ -139,12 +139,13 @@ class Request:
     arrival: float = 0.0
     id: int = field(default_factory=next_id)
     meta: dict[str, Any] = field(default_factory=dict)
-    reasoning: Any = None  # a hearth.reasoning.ReasoningSplitter: stops then see the answer only
+    # A hearth.chat.reasoning.ReasoningSplitter: stops then see the answer only.
+    reasoning: Any = None
     # The class its cached prompt serves, when not its own: a warm-up runs as background (it
     # never delays anyone) and keeps the prompt for the voice turns to come.
     keep_rank: int | None = None
     warm_up: bool = False  # only its prompt matters: not a lookup the hit rates count
-    # A hearth.call_forcing.CallForcer: text a tool call's schemas fix is written, not sampled.
+    # A hearth.chat.call_forcing.CallForcer: text a tool call's schemas fix is written, not sampled.
     forcer: Any = None
 
     # engine state

@@ -1,7 +1,7 @@
 """Grammars that hold a tool call to its tool's schema: the JSON schema of one call, the
 grammar around it (Hermes tags, a fenced block, doubled braces, bare JSON naming a tool) and
 the lazy trigger that starts holding once the model opens a call (:mod:`.tools` parses what
-comes out)."""
+comes out); any JSON schema as a grammar, by llama-cpp-python's converter."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import copy
 import json
 import re
 from typing import Any
+
+# llama-cpp-python's schema-to-grammar converter (plain Python; importing it loads the library,
+# as the server always has: at start, not on the first schema).
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from .tools import CLOSE, OPEN
 
@@ -151,3 +155,14 @@ def lazy_call_grammar(gbnf: str) -> str:
             'doubled ::= [ \\t\\n]* "{" body "}"?\n'
             'bare ::= [ \\t\\n]* fenced-root\n'
             + _prefixed(pretty, "fenced-") + "\n" + hermes)
+
+
+def json_schema_grammar(schema: dict) -> str:
+    """A GBNF grammar (root rule ``root``) accepting JSON valid for ``schema``, from
+    llama-cpp-python's converter. Raises ValueError for schemas it cannot convert."""
+    try:
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter raises assorted types on bad schemas
+        raise ValueError(f"unsupported JSON schema: {e}") from e
+    # Strict JSON forbids raw control characters inside strings; this converter allows them.
+    return gbnf.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')

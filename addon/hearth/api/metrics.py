@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .stats import Finished
+from ..engine.stats import Finished
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("hearth.prefix_store")
+log = logging.getLogger("hearth.engine.prefix_store")
 
 MAGIC = b"HEARTH-PREFIX-1\n"
 SUFFIX = ".kvstate"

@@ -31,9 +31,9 @@ import dataclasses
 from collections import OrderedDict, defaultdict
 from typing import Any
 
-from .policy.cache import CachePolicy
+from ..policy.cache import CachePolicy
+from ..policy.scheduler import RANK_NAMES
 from .prefix_index import PrefixEntry, PrefixIndex, common_prefix
-from .scheduler import RANK_NAMES
 
 
 class KVPool:
@@ -282,7 +282,7 @@ class KVPool:
         self._index.moved(e, old)
 
     def kept(self) -> set[int]:
-        """Seq ids of the interactive entries within the kept budget (:mod:`.policy.cache`)."""
+        """Seq ids of the interactive entries within the kept budget (:mod:`..policy.cache`)."""
         return self.policy.kept(self.entries.values())
 
     def yields_to(self, e: PrefixEntry, rank: int | None, kept: set[int]) -> bool:

@@ -7,15 +7,15 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from . import __version__
-from .api.ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
-from .api_models import (
+from .. import __version__
+from ..chat.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
     JobCreate,
     ReservationCreate,
 )
+from .ollama_models import ChatBody, EmbedBody, GenerateBody, LegacyEmbedBody, NamedModel
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .policy.classes import BACKGROUND_RANK as BACKGROUND_RANK
-from .policy.classes import CHAT_RANK, INTERACTIVE_RANK, RANK_NAMES, VOICE_RANK
-from .policy.classes import CLASS_RANKS as CLASS_RANKS
-from .policy.classes import class_rank as class_rank
-from .policy.iteration import IterationRules
-from .policy.queue import Pass, WaitQueue
+from .classes import BACKGROUND_RANK as BACKGROUND_RANK
+from .classes import CHAT_RANK, INTERACTIVE_RANK, RANK_NAMES, VOICE_RANK
+from .classes import CLASS_RANKS as CLASS_RANKS
+from .classes import class_rank as class_rank
+from .iteration import IterationRules
+from .queue import Pass, WaitQueue
 
 # VTC weights (Sheng et al., "Fairness in Serving Large Language Models"): output tokens cost
 # about twice what prompt tokens cost to serve.

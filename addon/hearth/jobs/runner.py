@@ -16,17 +16,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from . import job_queue
-from .api.claims import VoiceShares
-from .api_models import ChatCompletionRequest, EmbeddingRequest
-from .completions import CompletionError, check_limits
-from .job_store import JobQuotaError, JobStore
-from .scheduler import RANK_NAMES, class_rank
-from .serving import completion, embeddings
+from ..chat.api_models import ChatCompletionRequest, EmbeddingRequest
+from ..chat.completions import CompletionError, check_limits
+from ..policy.scheduler import RANK_NAMES, class_rank
+from ..service.serving import completion, embeddings
+from . import queue as job_queue
+from .store import JobQuotaError, JobStore
+
+if TYPE_CHECKING:  # the routes' (api) object, handed in: jobs sit below the routes
+    from ..api.claims import VoiceShares
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .scheduler import class_rank
+from ..policy.scheduler import class_rank
 
 
 class _Body(BaseModel):
@@ -164,7 +164,7 @@ class JobCreate(_Body):
     @field_validator("cls")
     @classmethod
     def _known_class(cls, v: str) -> str:
-        from .scheduler import RANK_NAMES
+        from ..policy.scheduler import RANK_NAMES
 
         return RANK_NAMES[class_rank(v)]
 

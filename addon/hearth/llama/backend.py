@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .decode_sample import SampleAfterDecode
+from ..shared.decode_sample import SampleAfterDecode
+from ..shared.requests import SamplingParams, Utf8Decoder
 from .llama_adapter import Context, ContextParams, Model
 from .llama_sampling import Sampler
-from .requests import SamplingParams, Utf8Decoder
 
 
 def l2_normalised(vector: Any) -> list[float]:

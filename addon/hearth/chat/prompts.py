@@ -6,7 +6,7 @@ ChatML for any other), and a
 tools-in-the-system-prompt format when the template ignores ``tools`` (SmolLM2's does): the tools
 are listed as JSON in the system message and the model is asked to answer with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` — the Hermes/Qwen format, which
-:mod:`hearth.tools` parses.
+:mod:`hearth.chat.tools` parses.
 """
 
 from __future__ import annotations
