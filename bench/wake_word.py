@@ -137,6 +137,7 @@ class Target:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         return {"ttft_ms": None if ttft is None else 1000 * ttft,
                 "e2e_s": time.monotonic() - t0, "server_ttft_ms": timing.get("ttft_ms"),
+                "server_queue_ms": timing.get("queue_ms"),
                 "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached}
 
     async def get(self, http: aiohttp.ClientSession, path: str) -> Any:
@@ -272,6 +273,10 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores ({platform.system()} {platform.machine()})"
 
 
+def fmt_load(xs: list[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in xs)
+
+
 def write(results: dict[str, Any], args: argparse.Namespace, model: str, argv: list[str]
           ) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -285,7 +290,10 @@ def write(results: dict[str, Any], args: argparse.Namespace, model: str, argv: l
     f = "{:.0f}".format
     lines = [f"# Voice TTFT on the wake word — {stamp}", "",
              f"Command: `python bench/wake_word.py {' '.join(argv)}`", "",
-             f"Machine: {machine()}. Model: {model}. {args.rounds} rounds, STT delay "
+             f"Machine: {machine()}; load average (1, 5, 15 min) before "
+             f"{fmt_load(results['load_average']['before'])}, after "
+             f"{fmt_load(results['load_average']['after'])}. Model: {model}. "
+             f"{args.rounds} rounds, STT delay "
              f"{args.stt_s} s, summaries of ~{args.summary_tokens} fresh tokens (8 answer "
              "tokens); modes in rotating order, medians and p90 over rounds.", "",
              "| server | mode | voice TTFT p50 (ms) | p90 (ms) | × idle | server's TTFT p50 "
@@ -301,6 +309,11 @@ def write(results: dict[str, Any], args: argparse.Namespace, model: str, argv: l
                 f"{g('summary_e2e_p50_s', '{:.2f}'.format)} | "
                 + (f"{x['summary_prefilling_at_voice']}/{x['n']}" if m != "idle" else "—")
                 + " |")
+    lines.append("")
+    for server, r in results["servers"].items():
+        x = r["modes"]["idle"]
+        lines.append(f"{server}: the voice prompt {x['voice_prompt_tokens']} tokens, "
+                     f"{x['voice_cached_tokens_p50']} of them cached (idle p50).")
     goal = results["goal"]
     if goal["ratio"] is not None:
         lines += ["", f"Issue 45's goal, voice TTFT with the signal ≤ 1.05× idle: "
@@ -327,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     servers: dict[str, Any] = {}
+    load_before = os.getloadavg()  # a busy machine's numbers say little: the README shows it
     if args.url:
         model = args.model or "(the server's)"
         servers["hearth"] = asyncio.run(bench(Target("hearth", args.url, True), args))
@@ -355,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     h = servers["hearth"]["modes"]
     ratio = h["signal"]["ratio_to_idle"]
     results = {"model": model, "machine": machine(), "args": vars(args), "servers": servers,
+               "load_average": {"before": load_before, "after": os.getloadavg()},
                "goal": {"ratio": ratio, "met": ratio is not None and ratio <= 1.05}}
     write(results, args, model, argv)
     return 0
