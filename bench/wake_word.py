@@ -355,11 +355,16 @@ def main(argv: list[str] | None = None) -> int:
         from hearth.models import packaged_model
         path = Path(args.model) if args.model else packaged_model()
         model = path.name
-        with tempfile.TemporaryDirectory(prefix="hearth-wake-") as tmp, HearthServer(
+        with tempfile.TemporaryDirectory(prefix="hearth-wake-") as tmp:
+            srv = HearthServer(
                 "--n-ctx", str(POOL["n_ctx"]), "--n-parallel", str(POOL["n_parallel"]),
                 "--n-batch", str(POOL["n_batch"]), "--n-ubatch", str(POOL["n_ubatch"]),
-                "--model", str(path), data_dir=Path(tmp)) as srv:
-            servers["hearth"] = asyncio.run(bench(Target("hearth", srv.url, True), args))
+                "--model", str(path), data_dir=Path(tmp))
+            try:  # a 1.5B's load and calibration on a busy 2-core machine pass 2 minutes
+                srv.start(timeout=900)
+                servers["hearth"] = asyncio.run(bench(Target("hearth", srv.url, True), args))
+            finally:
+                srv.stop()
         if not args.no_llama_server:  # one server up at a time: they share the cores
             with LlamaServer(path, "-c", str(POOL["n_ctx"]), "-np", str(POOL["n_parallel"]),
                              "-b", str(POOL["n_batch"]), "-ub", str(POOL["n_ubatch"]),
