@@ -7,10 +7,15 @@ and takes voice turns one after another for as long as Gemma is loading; then un
 (Ollama's keep_alive 0) and does the same during its reloads (no calibration: the cost model
 is kept). Modes:
 
-  yield      the default: the load runs at the lowest CPU priority and pauses while voice runs
-  no-yield   --no-arbitrate: the load competes freely (as before the rule)
+  yield         the default: the load runs at the lowest CPU priority and pauses while voice runs
+  no-yield      --no-arbitrate: the load competes freely (as before the rule)
+  llama-server  the anchor row: llama.cpp's own server on SmolLM2 (same pool, batch and
+                micro-batch), and a second llama-server process started on Gemma beside it, as
+                llama-swap or two servers would run them; a "load" is that process's start until
+                its /health answers 200, a reload a fresh start of it (warm in the page cache)
 
-Usage: python bench/load_yield.py [--modes yield,no-yield] [--rounds 3] [--reloads 2]
+Usage: python bench/load_yield.py [--modes yield,no-yield,llama-server] [--rounds 3]
+       [--reloads 2]
 """
 
 from __future__ import annotations
@@ -29,11 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import aiohttp  # noqa: E402
 from hearth_server import HearthServer  # noqa: E402
+from llama_server import LlamaServer  # noqa: E402
 from vs_llama_server import Client, session, voice_msgs  # noqa: E402
 
-MODES = ("yield", "no-yield")
+from hearth.fleet.models import packaged_model  # noqa: E402
+
+MODES = ("yield", "no-yield", "llama-server")
 POOL = ("--n-ctx", "4096", "--n-parallel", "4")
+# POOL for llama-server, with Hearth's default batch and micro-batch (as vs_llama_server.py maps
+# them): the 4,096 cells shared by the four sequences, as Hearth shares them.
+LLAMA_POOL = ("-c", "4096", "-np", "4", "-b", "512", "-ub", "128", "--kv-unified")
 
 
 def gemma() -> Path:
@@ -100,6 +112,65 @@ async def run_round(url: str, reloads: int, rnd: int) -> dict:
     return {"idle_ms": idle, "first_load": first, "reloads": again}
 
 
+async def until_healthy(http, url: str, t0: float, poll_s: float = 0.02) -> float:
+    """Seconds from ``t0`` until llama-server's /health answers 200 (503 while it loads, no
+    answer before it listens)."""
+    while True:
+        try:
+            async with http.get(url + "/health") as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(poll_s)
+
+
+async def voice_during_start(c: Client, http, model: Path, seed: int, gap_s: float = 0.5
+                             ) -> dict:
+    """A second llama-server starts on Gemma; voice turns on the first follow each other until
+    it is healthy. Only turns sent and answered before it was healthy count."""
+    second = LlamaServer(model, *LLAMA_POOL)
+    t0 = time.monotonic()
+    starting = asyncio.create_task(asyncio.to_thread(second.start))  # raises if it dies
+    ready = asyncio.create_task(until_healthy(http, second.url, t0))
+    try:
+        ttfts, i = [], 0
+        while not ready.done() and not starting.done():
+            turn = await c.stream(http, voice_msgs(seed + i), "voice", 8)
+            i += 1
+            if not ready.done():
+                ttfts.append(1000 * turn["ttft"])
+            await asyncio.sleep(gap_s)  # the load goes on between turns
+        await starting
+        return {"ttft_ms": ttfts, "load_s": await ready}
+    finally:
+        ready.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        second.stop()
+
+
+async def llama_round(url: str, reloads: int, rnd: int) -> dict:
+    c = Client("llama-server", url, False)
+    model = gemma()  # once a round, as server_args does (it checks the file's hash)
+    async with session() as http:
+        idle = [1000 * (await c.stream(http, voice_msgs(10000 * rnd + i), "voice", 8))["ttft"]
+                for i in range(3)]
+        first = await voice_during_start(c, http, model, 10000 * rnd + 100)
+        again = [await voice_during_start(c, http, model, 10000 * rnd + 200 + 50 * k)
+                 for k in range(reloads)]
+    return {"idle_ms": idle, "first_load": first, "reloads": again}
+
+
+def run_mode(mode: str, reloads: int, rnd: int) -> dict:
+    """One round of ``mode`` on a fresh server (a fresh voice llama-server for the anchor)."""
+    if mode == "llama-server":
+        with LlamaServer(packaged_model(), *LLAMA_POOL) as ls:
+            return asyncio.run(llama_round(ls.url, reloads, rnd))
+    with tempfile.TemporaryDirectory(prefix="hearth-load-") as tmp, \
+            HearthServer(*server_args(mode), data_dir=Path(tmp)) as s:
+        return asyncio.run(run_round(s.url, reloads, rnd))
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -136,12 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     results: dict[str, list] = {m: [] for m in modes}
-    for rnd in range(args.rounds):  # modes interleaved: a busy machine hurts both alike
+    for rnd in range(args.rounds):  # modes interleaved: a busy machine hurts all alike
         for mode in modes:
-            with tempfile.TemporaryDirectory(prefix="hearth-load-") as tmp, \
-                    HearthServer(*server_args(mode), data_dir=Path(tmp)) as s:
-                t0 = time.monotonic()
-                results[mode].append(asyncio.run(run_round(s.url, args.reloads, rnd)))
+            t0 = time.monotonic()
+            results[mode].append(run_mode(mode, args.reloads, rnd))
             print(f"{mode} round {rnd} ({time.monotonic() - t0:.0f} s): "
                   f"{json.dumps(results[mode][-1])}", flush=True)
     cmd = "python bench/load_yield.py " + " ".join(argv if argv is not None else sys.argv[1:])
