@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         from llama_server import LlamaServer
         from vs_llama_server import POOL
 
-        from hearth.models import packaged_model
+        from hearth.fleet.models import packaged_model
         path = Path(args.model) if args.model else packaged_model()
         model = path.name
         with tempfile.TemporaryDirectory(prefix="hearth-wake-") as tmp:
