@@ -61,10 +61,10 @@ SYSTEM = (
                 for dev, dom, st in (("Light", "light", "off"), ("Blinds", "cover", "open"),
                                      ("Thermostat", "climate", "heat")))
 )
-COMMANDS = ["Turn on the {} light.", "Close the {} blinds.", "Is the {} light on?",
-            "Set the {} thermostat to twenty degrees.", "Turn off the {} light.",
-            "Open the {} blinds."]
-ROOMS = ["kitchen", "living room", "bedroom", "hall", "office", "garage"]
+# One command, after a fresh number: every turn's uncached part is the same few tokens (turns
+# with different commands each find a different share of their words cached, and that alone
+# moved an idle turn between 0.2 and 0.8 s on the 1.5B).
+COMMAND = "({:04d}) Turn on the kitchen light."
 SUBJECTS = ["The family", "The neighbour", "Grandmother", "The school", "The plumber", "Our dog",
             "The council", "The heating engineer", "My brother", "The garden club"]
 VERBS = ["discussed", "postponed", "reported", "planned", "cancelled", "booked", "questioned",
@@ -79,7 +79,7 @@ MODES = ("idle", "load", "signal")
 
 
 def voice_body(rng: random.Random) -> dict[str, Any]:
-    command = rng.choice(COMMANDS).format(rng.choice(ROOMS))
+    command = COMMAND.format(rng.randrange(10000))
     return {"messages": [{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": command}],
             "max_tokens": 16, "temperature": 0, "stream": True, "user": SATELLITE}
