@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
+from sse import chunks  # noqa: E402
 
 from hearth.fleet.models import packaged_model  # noqa: E402
 
@@ -75,11 +76,7 @@ class Client:
         async with http.post(self.url + "/v1/chat/completions", json=body) as r:
             if r.status != 200:
                 raise RuntimeError(f"{self.name}: HTTP {r.status}: {(await r.text())[:200]}")
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                chunk = json.loads(line[5:])
+            async for chunk in chunks(r):
                 for ch in chunk.get("choices") or []:
                     if (ch.get("delta") or {}).get("content"):
                         got.append(time.monotonic())

@@ -45,6 +45,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from sse import chunks  # noqa: E402
+
 SATELLITE = "assist_satellite.kitchen_satellite"
 # What a Home Assistant agent's system prompt looks like (instructions, then the exposed
 # entities): the same in every turn, so its prefix is cached.
@@ -122,11 +124,7 @@ class Target:
                              headers=headers) as r:
             if r.status != 200:
                 raise RuntimeError(f"{self.name}: HTTP {r.status}: {(await r.text())[:300]}")
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                chunk = json.loads(line[5:])
+            async for chunk in chunks(r):
                 if ttft is None and any((c.get("delta") or {}).get("content")
                                         for c in chunk.get("choices") or []):
                     ttft = time.monotonic() - t0
