@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from sse import chunks  # bench/, beside this package
 
 from . import ollama_calls
 from .workload import Call, Session
@@ -183,14 +184,7 @@ class Replay:
             await asyncio.sleep(wait)
 
     async def _stream(self, r: CallResult, resp: aiohttp.ClientResponse) -> None:
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
+        async for chunk in chunks(resp):
             if "error" in chunk:
                 r.status, r.error = "error", str(chunk["error"].get("message"))[:300]
                 return
