@@ -7,10 +7,10 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from sim_backend import make_core, request, run_until
+from sim_backend import SimBackend, make_core, request, run_until
 
 from hearth.engine.base import RequestError
-from hearth.policy.eta import Clock, Job, plan
+from hearth.policy.eta import Bias, Clock, Job, plan
 
 
 def _clock(per_token: float = 0.01, decode: float = 0.02, slots: int = 2) -> Clock:
@@ -30,6 +30,18 @@ def test_plan_orders_by_class_and_waits_for_slots():
     # A new chat goes behind them; a new voice turn only behind the voice turn.
     assert p.arrival(1, 100) == (4, pytest.approx(2.5 + 1.0))
     assert p.arrival(0, 10)[0] == 2
+
+
+def test_a_plan_older_than_its_work_places_arrivals_from_now():
+    """Plans are remade at most once a second (every few seconds when iterations are slow):
+    arrivals after the plan's work ended queue from now, one behind the other, not from the
+    plan's past (they were all told their own prompt's time: too short a wait)."""
+    p = plan([Job(1, 1, 0, 10, 10.0)], [], _clock())  # one chat, done by 0.2 s
+    first = p.add(7, 1, 100, 0, 5.0, now=5.0)
+    second = p.add(8, 1, 100, 0, 5.0, now=5.0)
+    assert first == (1, pytest.approx(5.0 + 1.0))
+    assert second == (2, pytest.approx(5.0 + 2.0))
+    assert p.arrival(1, 100, now=5.0) == (3, pytest.approx(5.0 + 3.0))
 
 
 def _fill(core, b, n_chat=6, prompt=300, max_tokens=30):
@@ -95,3 +107,61 @@ def test_deadlines_setting_from_text_json_or_an_object():
     for bad in ("vocie=3", "chat=soon", "chat=-1"):
         with pytest.raises(ValueError):
             Settings(deadlines=bad)
+
+
+def test_bias_learns_the_ratio_in_log_space_and_bounds_one_odd_request():
+    bias = Bias(keep=0.5)
+    assert bias.factor(1) == 1.0
+    bias.learn(1, 2.0, 3.0)  # the first replaces nothing: 1.5x
+    assert bias.factor(1) == pytest.approx(1.5)
+    bias.learn(1, 1.0, 1.5)
+    assert bias.factor(1) == pytest.approx(1.5)
+    bias.learn(1, 0.01, 100.0)  # 10,000x counted as 4x
+    assert bias.factor(1) == pytest.approx((1.5 * 4.0) ** 0.5)
+    bias.learn(1, 0.0, 5.0)  # no prediction: nothing learned
+    assert bias.factor(1) == pytest.approx((1.5 * 4.0) ** 0.5)
+    assert bias.factor(0) == 1.0, "each class its own"
+
+
+class _Unseen(SimBackend):
+    """Time the cost model never sees: each iteration pays ``hidden`` outside its decode (the
+    server's own work, say), so every prediction from decode costs alone is too short."""
+
+    hidden = 0.03
+
+    def clear_abort(self) -> None:
+        super().clear_abort()
+        self.t += self.hidden
+
+
+def _errors(sinks) -> list[float]:
+    out = []
+    for _, s in sinks:
+        actual, predicted = s.done.timing["ttft_ms"], s.done.timing["eta_ms"]
+        out.append(abs(predicted - actual) / actual)
+    return out
+
+
+def test_predictions_learn_what_the_cost_model_does_not_see():
+    core, b = make_core("hearth", n_parallel=2, backend=_Unseen(n_seq_max=10))
+    waves = []
+    for wave in range(3):
+        sinks = []
+        for i in range(6):
+            r, s = request(b, "chat", 300, 30, user=f"u{i % 2}", seed=10 * wave + i)
+            core.submit(r)
+            sinks.append((r, s))
+        run_until(core, lambda sinks=sinks: all(s.done is not None for _, s in sinks))
+        waves.append(statistics.median(_errors(sinks)))
+        if wave == 0:  # every one told too short a wait
+            assert all(s.done.timing["eta_ms"] < s.done.timing["ttft_ms"] for _, s in sinks)
+    assert core.queue_eta.bias.factor(1) > 1.3
+    assert waves[0] > 0.3 and waves[2] < 0.2 and waves[2] < waves[0] / 2, waves
+
+
+def test_an_accurate_cost_model_learns_no_bias():
+    core, b = make_core("hearth", n_parallel=2)
+    sinks = _fill(core, b)
+    run_until(core, lambda: all(s.done is not None for _, s in sinks))
+    core.queue_eta.publish(b.now() + 10)  # a refresh: it learns from the first tokens
+    assert 0.75 < core.queue_eta.bias.factor(1) < 1.33

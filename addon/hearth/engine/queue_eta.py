@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..policy.classes import CLASS_RANKS, RANK_NAMES
-from ..policy.eta import Clock, Job, Plan, expected_output, plan
+from ..policy.eta import Bias, Clock, Job, Plan, expected_output, plan
 from .base import VOICE_PREFILL_STRETCH, RequestError
 from .cost import attention
 from .satellites import RESERVATION_WARM
@@ -49,6 +49,7 @@ class QueueEta:
         # token is expected at; and a new arrival's expected wait by class, at ``_at``.
         self._entries: list[tuple[Request, float]] = []
         self.where: dict[int, tuple[int, float]] = {}  # request id -> (position, eta_s)
+        self.bias = Bias()  # each class's predictions against its first tokens
 
     # -- the engine thread -----------------------------------------------------------------
     def arrived(self, reqs: list[Request], now: float) -> None:
@@ -64,8 +65,9 @@ class QueueEta:
             if r.kind != "generate" or clock is None or "eta_s" in r.meta:
                 continue
             job = self._job(r, r.rank, waiting=True)
-            pos, eta = self.plan.add(r.id, r.rank, job.prefill, job.start, job.output)
-            eta = max(clock.prefill_s(job.prefill, job.start, r.rank), eta - since)
+            pos, eta = self.plan.add(r.id, r.rank, job.prefill, job.start, job.output, since)
+            raw = max(clock.prefill_s(job.prefill, job.start, r.rank), eta - since)
+            eta = self._scaled(r, now, raw)
             self._entries.insert(min(pos - 1, len(self._entries)), (r, now + eta))
             # The plan may predate admissions: its place counts those admitted since.
             self._entries = [(x, at) for x, at in self._entries
@@ -75,7 +77,7 @@ class QueueEta:
                 continue
             r.meta["queue"] = (place, eta)
             r.meta["eta_s"] = round(now - r.arrival + eta, 3)
-            self.plan.busy_until = max(self.plan.busy_until, eta + since)
+            self.plan.busy_until = max(self.plan.busy_until, raw + since)
 
     def refresh(self, now: float) -> None:
         core = self._core
@@ -93,18 +95,25 @@ class QueueEta:
         clock = self._clock()
         self.plan = p = plan(running, waiting, clock)
         for r in ordered:  # the first prediction each request gets, from its arrival
-            r.meta.setdefault("eta_s", round(now - r.arrival + p.by_id[r.id][1], 3))
+            if "eta_s" not in r.meta:
+                r.meta["eta_s"] = round(now - r.arrival + self._scaled(
+                    r, now, p.by_id[r.id][1]), 3)
         for r in core.running:  # admitted as it arrived: its prompt's time
             if r.first_token_at is None and "eta_s" not in r.meta:
-                r.meta["eta_s"] = round(now - r.arrival + clock.prefill_s(
-                    r.remaining, r.n_past, r.rank), 3)
-        self._entries = [(r, now + p.by_id[r.id][1]) for r in ordered]
+                r.meta["eta_s"] = round(now - r.arrival + self._scaled(
+                    r, now, clock.prefill_s(r.remaining, r.n_past, r.rank)), 3)
+        self._entries = [(r, now + p.by_id[r.id][1] * self.bias.factor(r.rank))
+                         for r in ordered]
 
     def publish(self, now: float) -> dict[str, Any]:
-        """``eta_s`` by class and ``waiting_requests`` for /v1/queue, as of ``now``: the last
-        plan's, less those admitted since (the rest move up) and the time gone by. Cheap (no
-        policy keys): called after every iteration; the plan itself is refreshed at most once
-        a REFRESH_S."""
+        """``eta_s`` by class, ``waiting_requests`` and ``eta_bias`` for /v1/queue, as of
+        ``now``: the last plan's, less those admitted since (the rest move up) and the time
+        gone by. Cheap (no policy keys): called after every iteration; the plan itself is
+        refreshed at most once a REFRESH_S."""
+        for r in self._core.running:  # each class's bias, from the first tokens just written
+            if r.first_token_at is not None and "_eta_raw" in r.meta:
+                at, raw = r.meta.pop("_eta_raw")
+                self.bias.learn(r.rank, raw, r.first_token_at - at)
         self.refresh(now)
         self._entries = [(r, at) for r, at in self._entries
                          if r.first_admitted_at is None and not r.finished]
@@ -116,10 +125,19 @@ class QueueEta:
                            "position": i, "eta_s": round(eta, 2)})
         self.where = where
         gone = max(0.0, now - self._at)
-        eta = {c: self.plan.arrival(k, max(1, round(self.prompt.get(k, 0.0))))[1] - gone
-               for c, k in CLASS_RANKS.items()}
+        eta = {c: (self.plan.arrival(k, max(1, round(self.prompt.get(k, 0.0))), 0, gone)[1]
+                   - gone) * self.bias.factor(k) for c, k in CLASS_RANKS.items()}
         return {"eta_s": {c: round(max(0.0, t), 2) for c, t in eta.items()},
-                "waiting_requests": listed}
+                "waiting_requests": listed,
+                # The factor each class's raw predictions are scaled by (learned; 1: none yet).
+                "eta_bias": {c: round(self.bias.factor(k), 2) for c, k in CLASS_RANKS.items()}}
+
+    def _scaled(self, r: Request, now: float, raw: float) -> float:
+        """``r``'s first expected wait from ``now`` as told: the cost model's ``raw`` one
+        (kept, to learn from once its first token comes) scaled by its class's bias."""
+        if not (r.warm_up or r.meta.get(RESERVATION_WARM)):
+            r.meta["_eta_raw"] = (now, raw)
+        return raw * self.bias.factor(r.rank)
 
     def _learn(self, running: list[Request]) -> None:
         """The classes' mean output and computed prompt, from the requests that finished or
@@ -204,8 +222,10 @@ class QueueEta:
         if not core.running and not core.waiting:  # idle: the last plan's queue is gone
             pos, eta = 1, own
         else:  # the last plan's times count from its refresh
-            pos, eta = self.plan.arrival(r.rank, len(r.prompt))
-            eta = max(own, eta - max(0.0, time.monotonic() - self._wall))
+            gone = max(0.0, time.monotonic() - self._wall)
+            pos, eta = self.plan.arrival(r.rank, len(r.prompt), 0, gone)
+            eta = max(own, eta - gone)
+        eta *= self.bias.factor(r.rank)
         # The plan may predate admissions: those admitted since no longer stand ahead.
         gone = sum(1 for x, _ in list(self._entries) if x.rank <= r.rank
                    and (x.first_admitted_at is not None or x.finished))

@@ -14,6 +14,7 @@ at most.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -61,18 +62,21 @@ class Plan:
     clock: Clock | None = None
     busy_until: float = 0.0  # when the prompts known are computed (streams go slower till then)
 
-    def arrival(self, rank: int, prefill: int, start: int = 0) -> tuple[int, float]:
-        """(position, eta_s) of a request of class ``rank`` arriving now with ``prefill``
-        tokens to compute: behind every waiting request of its class or better."""
+    def arrival(self, rank: int, prefill: int, start: int = 0, now: float = 0.0
+                ) -> tuple[int, float]:
+        """(position, eta_s) of a request of class ``rank`` arriving ``now`` (seconds after
+        the plan was made) with ``prefill`` tokens to compute: behind every waiting request of
+        its class or better. Times count from the plan's making."""
         if self.clock is None or not self.tails:
             return 1, 0.0
         t = self.tails[min(rank, len(self.tails) - 1)]
         admit = _admit_at(list(t.ends), self.clock.voice_slots if rank == 0 else self.clock.slots)
-        eta = max(admit, t.cursor) + self.clock.prefill_s(prefill, start, rank)
+        # Not before now: a plan older than its work starts a new arrival's where it ended.
+        eta = max(admit, t.cursor, now) + self.clock.prefill_s(prefill, start, rank)
         return t.ahead + 1, eta
 
-    def add(self, rid: int, rank: int, prefill: int, start: int, output: float
-            ) -> tuple[int, float]:
+    def add(self, rid: int, rank: int, prefill: int, start: int, output: float,
+            now: float = 0.0) -> tuple[int, float]:
         """A request joined the queue since the plan was made: placed as :meth:`arrival`
         places it, and counted ahead of later arrivals of its class and the classes below."""
         if self.clock is None or not self.tails:
@@ -83,7 +87,7 @@ class Plan:
             t = self.tails[k]
             ends = list(t.ends)  # replaced whole: readers on other threads see either
             admit = _admit_at(ends, c.voice_slots if k == 0 else c.slots)
-            first = max(admit, t.cursor) + c.prefill_s(prefill, start, k)
+            first = max(admit, t.cursor, now) + c.prefill_s(prefill, start, k)
             heapq.heappush(ends, _end(c, self.busy_until, first, output))
             self.tails[k] = Tail(first, ends, t.ahead + 1)
             if k == rank:
@@ -149,6 +153,33 @@ def _pass(running: Sequence[Job], waiting: Sequence[Job], clock: Clock,
             out.by_id[w.id] = (i, first)
         out.tails.append(Tail(cursor, list(ends), i))
     return out
+
+
+@dataclass
+class Bias:
+    """How far each class's predictions have fallen short or run over: an exponentially
+    weighted mean of log(actual / predicted) time to first token, learned from the requests
+    that got theirs, and the factor it makes. The cost model prices iterations well but not
+    what it does not see (an iteration in flight when a prompt arrives, work arriving later
+    that goes first, the server's own time), and on the household's 1.5B every voice turn
+    and chat was told too short a wait. Learned from the raw predictions, never the scaled
+    ones, so the factor cannot feed on itself; one odd request moves it at most 4x a step."""
+
+    keep: float = 0.7
+    logs: dict[int, float] = field(default_factory=dict)
+
+    def learn(self, rank: int, predicted_s: float, actual_s: float) -> None:
+        if predicted_s <= 0 or actual_s <= 0:
+            return
+        x = max(-LOG_4, min(LOG_4, math.log(actual_s / predicted_s)))
+        old = self.logs.get(rank)
+        self.logs[rank] = x if old is None else self.keep * old + (1 - self.keep) * x
+
+    def factor(self, rank: int) -> float:
+        return math.exp(self.logs.get(rank, 0.0))
+
+
+LOG_4 = math.log(4.0)
 
 
 def expected_output(means: dict[int, float], rank: int, left: int, default: float) -> float:
