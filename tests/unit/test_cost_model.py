@@ -110,3 +110,17 @@ def test_calibration_measures_every_bucket_and_the_efficient_size():
     top = min(b.n_batch, 2 * b.n_ubatch)
     assert all(core.cost.fits[k].seen for k in range(1, top.bit_length() + 1))
     assert core.batcher.efficient == 32
+
+
+def test_decodes_at_similar_positions_do_not_put_their_cost_on_attention():
+    """Decodes at 30-60 positions with a little noise (a fresh server's short chats): the
+    two terms cannot be told apart, so a decode's cost stays a token's, and a long prompt's
+    attention is not priced from a noise slope (it had been 533 µs a position, 0 a token)."""
+    m = CostModel()
+    noise = [0.004, -0.003, 0.002, -0.004, 0.003, -0.002, 0.001, -0.001]
+    for i in range(40):
+        pos = 30 + (i * 7) % 31
+        m.observe(1, 0.015 + 2e-6 * pos + noise[i % 8] * (pos - 30) / 30, attention(1, pos))
+    per_token, per_position = m._fit(1)
+    assert per_token > 0.01, (per_token, per_position)
+    assert m.predict(1, attention(900, 0)) < 2.0  # a 900-token prompt's own attention

@@ -121,6 +121,9 @@ def test_bias_learns_the_ratio_in_log_space_and_bounds_one_odd_request():
     bias.learn(1, 0.0, 5.0)  # no prediction: nothing learned
     assert bias.factor(1) == pytest.approx((1.5 * 4.0) ** 0.5)
     assert bias.factor(0) == 1.0, "each class its own"
+    bias.learn(1, 1.0, 3.0, queued=False)  # admitted as it arrived: apart
+    assert bias.factor(1, queued=False) == pytest.approx(3.0)
+    assert bias.factor(1) == pytest.approx((1.5 * 4.0) ** 0.5)
 
 
 class _Unseen(SimBackend):

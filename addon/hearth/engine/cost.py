@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 # Batch sizes are grouped by powers of two: bucket k holds sizes 2**(k-1) .. 2**k - 1.
 N_BUCKETS = 14  # up to 8,191 tokens
+MIN_SAMPLES = 8  # a bucket's samples before attention is told apart from its tokens
+SPREAD = 0.25  # and how far apart their positions (1 - cos² of the tokens and positions)
+MIN_TOKEN_SHARE = 0.05  # the least of a bucket's cost its tokens (not attention) explain
 
 
 def bucket(n_tokens: int) -> int:
@@ -29,6 +32,7 @@ class _Fit:
     per_token: float = 0.0
     per_position: float | None = None  # None until the samples tell the two terms apart
     seen: bool = False
+    samples: int = 0
 
     def add(self, n: float, a: float, t: float, keep: float) -> None:
         if not self.seen:  # the first sample replaces the seed outright
@@ -39,10 +43,16 @@ class _Fit:
         self.nt = keep * self.nt + n * t
         self.at = keep * self.at + a * t
         self.seen = True
+        self.samples += 1
         det = self.nn * self.aa - self.na * self.na
-        if det > 1e-3 * self.nn * self.aa and self.aa > 0:
+        # Two terms need samples that tell them apart: many, over positions that vary widely.
+        # From a few prompts, or decodes all at 30-60 positions, noise put a bucket's whole
+        # cost on attention (SmolLM2's decodes: 0 ms a token, 533 µs a position), so a
+        # 900-token summary's own attention was priced at 222 s (it took 13 s).
+        if self.samples >= MIN_SAMPLES and det > SPREAD * self.nn * self.aa and self.aa > 0:
             p = (self.nn * self.at - self.na * self.nt) / det
-            if p >= 0:
+            # And attention may not be all of it: a batch's tokens cost something.
+            if p >= 0 and self.nt - p * self.na >= MIN_TOKEN_SHARE * self.nt:
                 self.per_position = p
                 self.per_token = max(1e-7, (self.nt - p * self.na) / self.nn)
                 return
@@ -90,6 +100,8 @@ class CostModel:
         if p is None:  # this size never told attention apart: the nearest size that did
             p = next((self.fits[j].per_position for j in order
                       if self.fits[j].per_position is not None), 0.0)
+            if f.nn > 0:  # and its tokens' cost with that attention taken out (not twice)
+                return max(1e-7, (f.nt - p * f.na) / f.nn), p
         return f.per_token, p
 
     def predict(self, n_tokens: int, attended: int = 0) -> float:

@@ -66,8 +66,10 @@ class QueueEta:
                 continue
             job = self._job(r, r.rank, waiting=True)
             pos, eta = self.plan.add(r.id, r.rank, job.prefill, job.start, job.output, since)
-            raw = max(clock.prefill_s(job.prefill, job.start, r.rank), eta - since)
-            eta = self._scaled(r, now, raw)
+            own = clock.prefill_s(job.prefill, job.start, r.rank)
+            raw = max(own, eta - since)
+            # Told only its own prompt's time (nothing ahead of it) or a wait in the queue.
+            eta = self._scaled(r, now, raw, queued=raw > own * 1.01)
             self._entries.insert(min(pos - 1, len(self._entries)), (r, now + eta))
             # The plan may predate admissions: its place counts those admitted since.
             self._entries = [(x, at) for x, at in self._entries
@@ -97,11 +99,11 @@ class QueueEta:
         for r in ordered:  # the first prediction each request gets, from its arrival
             if "eta_s" not in r.meta:
                 r.meta["eta_s"] = round(now - r.arrival + self._scaled(
-                    r, now, p.by_id[r.id][1]), 3)
+                    r, now, p.by_id[r.id][1], queued=True), 3)
         for r in core.running:  # admitted as it arrived: its prompt's time
             if r.first_token_at is None and "eta_s" not in r.meta:
                 r.meta["eta_s"] = round(now - r.arrival + self._scaled(
-                    r, now, clock.prefill_s(r.remaining, r.n_past, r.rank)), 3)
+                    r, now, clock.prefill_s(r.remaining, r.n_past, r.rank), queued=False), 3)
         self._entries = [(r, now + p.by_id[r.id][1] * self.bias.factor(r.rank))
                          for r in ordered]
 
@@ -112,8 +114,8 @@ class QueueEta:
         refreshed at most once a REFRESH_S."""
         for r in self._core.running:  # each class's bias, from the first tokens just written
             if r.first_token_at is not None and "_eta_raw" in r.meta:
-                at, raw = r.meta.pop("_eta_raw")
-                self.bias.learn(r.rank, raw, r.first_token_at - at)
+                at, raw, queued = r.meta.pop("_eta_raw")
+                self.bias.learn(r.rank, raw, r.first_token_at - at, queued)
         self.refresh(now)
         self._entries = [(r, at) for r, at in self._entries
                          if r.first_admitted_at is None and not r.finished]
@@ -125,19 +127,23 @@ class QueueEta:
                            "position": i, "eta_s": round(eta, 2)})
         self.where = where
         gone = max(0.0, now - self._at)
-        eta = {c: (self.plan.arrival(k, max(1, round(self.prompt.get(k, 0.0))), 0, gone)[1]
-                   - gone) * self.bias.factor(k) for c, k in CLASS_RANKS.items()}
+        eta = {}
+        for c, k in CLASS_RANKS.items():
+            pos, at = self.plan.arrival(k, max(1, round(self.prompt.get(k, 0.0))), 0, gone)
+            eta[c] = (at - gone) * self.bias.factor(k, queued=pos > 1)
         return {"eta_s": {c: round(max(0.0, t), 2) for c, t in eta.items()},
                 "waiting_requests": listed,
                 # The factor each class's raw predictions are scaled by (learned; 1: none yet).
-                "eta_bias": {c: round(self.bias.factor(k), 2) for c, k in CLASS_RANKS.items()}}
+                "eta_bias": {c: {"queued": round(self.bias.factor(k), 2),
+                                 "at_once": round(self.bias.factor(k, queued=False), 2)}
+                             for c, k in CLASS_RANKS.items()}}
 
-    def _scaled(self, r: Request, now: float, raw: float) -> float:
+    def _scaled(self, r: Request, now: float, raw: float, queued: bool) -> float:
         """``r``'s first expected wait from ``now`` as told: the cost model's ``raw`` one
         (kept, to learn from once its first token comes) scaled by its class's bias."""
         if not (r.warm_up or r.meta.get(RESERVATION_WARM)):
-            r.meta["_eta_raw"] = (now, raw)
-        return raw * self.bias.factor(r.rank)
+            r.meta["_eta_raw"] = (now, raw, queued)
+        return raw * self.bias.factor(r.rank, queued)
 
     def _learn(self, running: list[Request]) -> None:
         """The classes' mean output and computed prompt, from the requests that finished or
@@ -182,26 +188,45 @@ class QueueEta:
         target = batcher.target()
         bounded = core._bounded()
 
-        def prefill_s(n: int, start: int, rank: int) -> float:
-            """A prompt's time in the chunks the composer gives it beside the streams now
-            running (its budget asked at the prompt's middle, where attention averages)."""
-            if n <= 0:
-                return 0.0
-            room = max(1, b.n_batch - n_dec)
+        # The streams now running end after their expected outputs: a long prompt is computed
+        # beside them only till then, then alone (SmolLM2: a summary admitted at once was
+        # told 50 s, priced beside two short chats for all its chunks, and took 13 s).
+        left = max((self._job(r, r.rank).output for r in decoding), default=0.0)
+
+        def chunking(n_dec: int, dec_att: int, mid: int, rank: int, bound: bool
+                     ) -> tuple[int, float]:
+            """The chunk the composer gives a prompt beside ``n_dec`` streams (its budget
+            asked at the prompt's middle, where attention averages) and the streams' own
+            turn between chunks where it takes turns with them."""
             extra = 0.0
-            if n_dec == 0 and (rank <= 1 or not bounded):  # alone: whole batches
+            if n_dec == 0 and (rank <= 1 or not bound):  # alone: whole batches
                 chunk = b.n_batch
             else:
                 chunk, stretched = batcher.budget(
-                    n_dec, VOICE_PREFILL_STRETCH if rank == 0 else 1.0, dec_att,
-                    start + n // 2, policy.waited_for(rank), bounded)
+                    n_dec, VOICE_PREFILL_STRETCH if rank == 0 else 1.0, dec_att, mid,
+                    policy.waited_for(rank), bound)
                 if stretched and policy.yields_to_streams(rank, streams):
-                    extra = cost.predict(n_dec, dec_att)  # the streams' turn between chunks
-            chunk = max(1, min(chunk, room))
+                    extra = cost.predict(n_dec, dec_att)
+            return max(1, min(chunk, b.n_batch - n_dec)), extra
+
+        def chunks_s(n: int, n_dec: int, dec_att: int, chunk: int, extra: float) -> float:
             full, last = divmod(n, chunk)
             t = full * (cost.predict(n_dec + chunk, dec_att) + extra) if full else 0.0
-            if last:
-                t += cost.predict(n_dec + last, dec_att)
+            return t + (cost.predict(n_dec + last, dec_att) if last else 0.0)
+
+        def prefill_s(n: int, start: int, rank: int) -> float:
+            """A prompt's time in the chunks the composer gives it: beside the streams now
+            running while they last (each writes a token a chunk, two where they take
+            turns), then alone."""
+            if n <= 0:
+                return 0.0
+            mid = start + n // 2
+            chunk, extra = chunking(n_dec, dec_att, mid, rank, bounded)
+            beside = min(n, int(left // (2 if extra else 1)) * chunk) if n_dec else n
+            t = chunks_s(beside, n_dec, dec_att, chunk, extra)
+            if beside < n:  # the streams gone, nothing is kept to the latency target
+                alone, _ = chunking(0, 0, mid, rank, False)
+                t += chunks_s(n - beside, 0, 0, alone, 0.0)
             # The prompt's own attention, which grows with its position.
             return t + cost.predict(1, attention(n, start)) - cost.predict(1)
 
@@ -222,10 +247,10 @@ class QueueEta:
         if not core.running and not core.waiting:  # idle: the last plan's queue is gone
             pos, eta = 1, own
         else:  # the last plan's times count from its refresh
-            gone = max(0.0, time.monotonic() - self._wall)
-            pos, eta = self.plan.arrival(r.rank, len(r.prompt), 0, gone)
-            eta = max(own, eta - gone)
-        eta *= self.bias.factor(r.rank)
+            since = max(0.0, time.monotonic() - self._wall)
+            pos, eta = self.plan.arrival(r.rank, len(r.prompt), 0, since)
+            eta = max(own, eta - since)
+        eta *= self.bias.factor(r.rank, queued=pos > 1)
         # The plan may predate admissions: those admitted since no longer stand ahead.
         gone = sum(1 for x, _ in list(self._entries) if x.rank <= r.rank
                    and (x.first_admitted_at is not None or x.finished))
