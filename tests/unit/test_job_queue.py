@@ -32,7 +32,7 @@ def test_the_watcher_writes_when_the_place_changes_and_stops_once_admitted(tmp_p
     store = JobStore(tmp_path / "jobs.sqlite3")
     job = store.create("chat", "background", None, {"messages": []})
     store.start(job["id"])
-    r = SimpleNamespace(first_admitted_at=None, finished=False, meta={"eta_s": 9.0})
+    r = SimpleNamespace(first_admitted_at=None, finished=False, meta={})
     places = iter([(3, 9.0), (3, 8.0), (1, 2.0)])
 
     class Eta:
@@ -62,47 +62,24 @@ def _runner(comp, waiting: list[dict]):
                                                      rt=SimpleNamespace(core=core))}))
 
 
-def test_a_running_job_not_yet_placed_by_the_engine_says_where_it_will_wait():
-    """Between the runner taking a job and the engine's loop placing its request, the job is
-    about to wait behind its class's queue: it says so, not null (a CI flake's cause)."""
-    r = SimpleNamespace(first_admitted_at=None, finished=False, meta={})
-    comp = SimpleNamespace(rt=None, request=r)
-    runner = _runner(comp, [{"class": "voice"}, {"class": "background"}, {"class": "embedding"}])
-    job = {"id": "j", "status": "running", "class": "background", "request": {}}
+def test_a_running_job_whose_completion_is_not_built_says_where_it_will_wait():
+    """Between the runner taking a job and its completion being built and submitted (a model
+    to load, a prompt to render), the job is about to wait behind its class's queue: it says
+    so, not null (a CI flake's cause)."""
+    runner = _runner(None, [{"class": "voice"}, {"class": "background"}, {"class": "embedding"}])
+    job = {"id": "j", "kind": "chat", "status": "running", "class": "background", "request": {}}
     assert job_queue.queue_of(runner, job) == {"position": 3, "eta_s": 7.5}
-    runner._tasks["j"] = (None, None)  # the completion not built yet
-    assert job_queue.queue_of(runner, job) == {"position": 3, "eta_s": 7.5}
-    r.first_admitted_at = 1.0  # admitted: it waits no more
+
+    class Admitted:  # its request runs: no place any more
+        @staticmethod
+        def position(req):
+            return None
+
+    r = SimpleNamespace(first_admitted_at=1.0, finished=False, meta={})
+    comp = SimpleNamespace(rt=SimpleNamespace(core=SimpleNamespace(queue_eta=Admitted())),
+                           request=r)
     runner._tasks["j"] = (None, comp)
     assert job_queue.queue_of(runner, job) is None
     assert job_queue.queue_of(runner, {**job, "status": "done"}) is None
-
-
-def test_the_watcher_waits_for_the_engine_to_place_the_request(tmp_path):
-    store = JobStore(tmp_path / "jobs.sqlite3")
-    job = store.create("chat", "background", None, {"messages": []})
-    store.start(job["id"])
-    r = SimpleNamespace(first_admitted_at=None, finished=False, meta={})
-    polls = []
-
-    class Eta:
-        @staticmethod
-        def position(req):
-            polls.append(1)
-            return (2, 5.0) if len(polls) == 1 else None
-
-    comp = SimpleNamespace(rt=SimpleNamespace(core=SimpleNamespace(queue_eta=Eta())), request=r)
-
-    async def place_later() -> None:
-        await asyncio.sleep(0.2)
-        r.meta["eta_s"] = 5.0
-
-    async def both() -> None:
-        async def notify() -> None:
-            pass
-        await asyncio.gather(place_later(),
-                             job_queue.watch(store, job["id"], comp, notify, 0.01))
-
-    asyncio.run(asyncio.wait_for(both(), 10))
-    assert [e["queue"] for e in _events(store) if e["queue"]] == [{"position": 2, "eta_s": 5.0}]
-    store.close()
+    runner._tasks["j"] = (None, None)  # an embeddings job runs with no completion
+    assert job_queue.queue_of(runner, {**job, "kind": "embeddings"}) is None

@@ -18,27 +18,12 @@ async def watch(store: Any, job_id: str, comp: Any, notify: Callable[[], Awaitab
                 every_s: float = EVERY_S) -> None:
     """Progress events for ``job_id`` while ``comp`` waits (run beside it; cancelled after)."""
     said: int | None = None
-    while True:
-        if not _placed(comp):  # submitted, not yet drained by the engine's loop
-            await asyncio.sleep(min(every_s, 0.05))
-            continue
-        q = queue_object(comp)
-        if q is None:  # admitted
-            return
+    while (q := queue_object(comp)) is not None:  # None once admitted
         if q["position"] != said:
             said = q["position"]
             if await asyncio.to_thread(store.progress, job_id, q) is not None:
                 await notify()
         await asyncio.sleep(every_s)
-
-
-def _placed(comp: Any) -> bool:
-    """Whether the engine has seen ``comp``'s request (placed it, admitted it or ended it),
-    or it is not a local generation (no place of its own to wait for)."""
-    r = getattr(comp, "request", None)
-    if r is None or getattr(r, "kind", "generate") != "generate":
-        return True
-    return "eta_s" in r.meta or r.first_admitted_at is not None or r.finished
 
 
 def queue_of(runner: Any, job: dict[str, Any]) -> dict[str, Any] | None:
@@ -47,10 +32,12 @@ def queue_of(runner: Any, job: dict[str, Any]) -> dict[str, Any] | None:
     its class, with the class's ETA."""
     if job["status"] == "running":
         comp = runner._tasks.get(job["id"], (None, None))[1]
-        if comp is not None and _placed(comp):
+        if comp is not None:  # submitted with it (the engine estimates a place at submission)
             return queue_object(comp)
-        # Taken by the runner, its request not yet placed by the engine: it is about to wait
-        # in its class's queue, so it says so rather than nothing.
+        if job["kind"] == "embeddings":  # runs without a completion: no place of its own
+            return None
+        # Taken by the runner, its completion not built yet (a model to load, a prompt to
+        # render): it is about to wait in its class's queue, so it says so, not nothing.
     elif job["status"] != "queued":
         return None
     if runner.fleet.state != "ready":
