@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hearth_server import HearthServer  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
-from sse import chunks  # noqa: E402
 
 from hearth.fleet.models import packaged_model  # noqa: E402
+from hearth.fleet.sse import data_json  # noqa: E402
 
 POOL = {"n_ctx": 16384, "n_parallel": 8, "n_batch": 512, "n_ubatch": 128}
 VOICE_SYSTEM = "You are a voice assistant. Be brief."
@@ -76,7 +76,7 @@ class Client:
         async with http.post(self.url + "/v1/chat/completions", json=body) as r:
             if r.status != 200:
                 raise RuntimeError(f"{self.name}: HTTP {r.status}: {(await r.text())[:200]}")
-            async for chunk in chunks(r):
+            async for chunk in data_json(r.content):
                 for ch in chunk.get("choices") or []:
                     if (ch.get("delta") or {}).get("content"):
                         got.append(time.monotonic())

@@ -45,7 +45,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sse import chunks  # noqa: E402
+from hearth.fleet.sse import data_json  # noqa: E402
 
 SATELLITE = "assist_satellite.kitchen_satellite"
 # What a Home Assistant agent's system prompt looks like (instructions, then the exposed
@@ -124,7 +124,7 @@ class Target:
                              headers=headers) as r:
             if r.status != 200:
                 raise RuntimeError(f"{self.name}: HTTP {r.status}: {(await r.text())[:300]}")
-            async for chunk in chunks(r):
+            async for chunk in data_json(r.content):
                 if ttft is None and any((c.get("delta") or {}).get("content")
                                         for c in chunk.get("choices") or []):
                     ttft = time.monotonic() - t0

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from sse import chunks  # bench/, beside this package
+
+from hearth.fleet.sse import data_json
 
 from . import ollama_calls
 from .workload import Call, Session
@@ -184,7 +185,7 @@ class Replay:
             await asyncio.sleep(wait)
 
     async def _stream(self, r: CallResult, resp: aiohttp.ClientResponse) -> None:
-        async for chunk in chunks(resp):
+        async for chunk in data_json(resp.content):
             if "error" in chunk:
                 r.status, r.error = "error", str(chunk["error"].get("message"))[:300]
                 return

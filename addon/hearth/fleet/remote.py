@@ -13,7 +13,6 @@ one goes to its fallback.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
@@ -30,6 +29,7 @@ from ..policy.scheduler import RANK_NAMES
 from ..redact import redact
 from ..settings import Settings
 from .registry import Entry
+from .sse import data_json
 
 log = logging.getLogger(__name__)
 
@@ -261,14 +261,7 @@ class RemoteCompletion:
         r = self._response
         assert r is not None
         try:
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                chunk = json.loads(data)
+            async for chunk in data_json(r.content):
                 if "model" in chunk:
                     chunk["model"] = self.worker.name
                 yield chunk
