@@ -129,7 +129,7 @@ class QueueEta:
         gone = max(0.0, now - self._at)
         eta = {}
         for c, k in CLASS_RANKS.items():
-            pos, at = self.plan.arrival(k, max(1, round(self.prompt.get(k, 0.0))), 0, gone)
+            pos, at = self.plan.arrival(k, max(1, round(self.prompt.get(k, 0.0))), now=gone)
             eta[c] = (at - gone) * self.bias.factor(k, queued=pos > 1)
         return {"eta_s": {c: round(max(0.0, t), 2) for c, t in eta.items()},
                 "waiting_requests": listed,
@@ -248,7 +248,7 @@ class QueueEta:
             pos, eta = 1, own
         else:  # the last plan's times count from its refresh
             since = max(0.0, time.monotonic() - self._wall)
-            pos, eta = self.plan.arrival(r.rank, len(r.prompt), 0, since)
+            pos, eta = self.plan.arrival(r.rank, len(r.prompt), now=since)
             eta = max(own, eta - since)
         eta *= self.bias.factor(r.rank, queued=pos > 1)
         # The plan may predate admissions: those admitted since no longer stand ahead.

@@ -155,6 +155,9 @@ def _pass(running: Sequence[Job], waiting: Sequence[Job], clock: Clock,
     return out
 
 
+LOG_4 = math.log(4.0)
+
+
 @dataclass
 class Bias:
     """How far each class's predictions have fallen short or run over: an exponentially
@@ -183,9 +186,6 @@ class Bias:
 
     def factor(self, rank: int, queued: bool = True) -> float:
         return math.exp(self.logs.get((rank, queued), 0.0))
-
-
-LOG_4 = math.log(4.0)
 
 
 def expected_output(means: dict[int, float], rank: int, left: int, default: float) -> float:
