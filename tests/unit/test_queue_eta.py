@@ -44,6 +44,32 @@ def test_a_plan_older_than_its_work_places_arrivals_from_now():
     assert p.arrival(1, 100, now=5.0) == (3, pytest.approx(5.0 + 3.0))
 
 
+def test_a_summary_that_ages_into_chats_line_is_planned_ahead_of_the_chats_after():
+    """Aging (background: a rank up every 20 s, never above chat): a summary that has waited
+    35 s reaches chat's rank 5 s from now and enters chat's line then, by the policy's key
+    (here its member's counter is lower). Chats admitted before that are not delayed; those
+    after it wait for its prompt (10 s); so does a chat arriving now. One that has waited
+    no time stays behind every chat."""
+    chats = [Job(10 + i, 1, 100, 0, 10.0, tie=(5.0, i)) for i in range(6)]  # 1 s + 0.2 s each
+
+    def summary(waited: float) -> Job:
+        return Job(2, 2 if waited >= 20 else 3, 1000, 0, 10.0, tie=(1.0, 0), base=3,
+                   waited_s=waited, every_s=20.0, best=1)
+
+    running = [Job(1, 1, 0, 10, 10.0)]  # a chat decoding, done at 0.2 s
+    clock = _clock(slots=1)
+    aged = plan(running, [summary(35.0), *chats], clock)
+    fresh = plan(running, [summary(0.0), *chats], clock)
+    # Slots free at 0.2, 1.4, 2.6, 3.8, 5.0: the summary takes the one at 5.0.
+    assert aged.by_id[2] == (5, pytest.approx(5.0 + 10.0))
+    for i in range(4):
+        assert aged.by_id[10 + i] == fresh.by_id[10 + i]
+    assert aged.by_id[14][1] == pytest.approx(fresh.by_id[14][1] + 10.2)
+    assert aged.arrival(1, 100)[1] == pytest.approx(fresh.arrival(1, 100)[1] + 10.2)
+    assert fresh.by_id[2][0] == 7, "a summary that has not aged waits behind every chat"
+    assert Job(3, 3, 1, 0, 1.0, base=3, every_s=20.0, best=1).rank_at(1000.0) == 1
+
+
 def _fill(core, b, n_chat=6, prompt=300, max_tokens=30):
     sinks = []
     for i in range(n_chat):

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..policy.classes import CLASS_RANKS, RANK_NAMES
+from ..policy.classes import CHAT_RANK, CLASS_RANKS, RANK_NAMES
 from ..policy.eta import Bias, Clock, Job, Plan, expected_output, plan
 from .base import VOICE_PREFILL_STRETCH, RequestError
 from .cost import attention
@@ -90,10 +91,14 @@ class QueueEta:
             return
         self._at, self._wall, self._iter = now, time.monotonic(), core.stats.iterations
         self._learn(core.running)
-        ordered = core.policy.order(list(core.waiting), now, core.running)
-        waiting = [self._job(r, core.policy.effective_rank(r, now), waiting=True)
-                   for r in ordered]
-        running = [self._job(r, r.rank) for r in core.running]
+        policy = core.policy
+        key = policy.keyer(now, core.running)
+        keyed = sorted((key(r), r) for r in core.waiting)  # keys end in the id: no ties
+        ordered = [r for _, r in keyed]
+        waiting = [self._aging(r, now, i, k) for i, (k, r) in enumerate(keyed)]
+        # Running ones by their class after aging too: one that waited long enough to reach
+        # chat's rank is not preempted by a chat (on the 1.5B, chats waited minutes so).
+        running = [self._job(r, policy.effective_rank(r, now)) for r in core.running]
         clock = self._clock()
         self.plan = p = plan(running, waiting, clock)
         for r in ordered:  # the first prediction each request gets, from its arrival
@@ -177,6 +182,15 @@ class QueueEta:
         out = float(left) if r.ignore_eos else expected_output(self.output, r.rank, left,
                                                                DEFAULT_OUTPUT)
         return Job(r.id, rank, prefill, start, out)
+
+    def _aging(self, r: Request, now: float, i: int, key: tuple) -> Job:
+        """A waiting request as the plan sees it: its class now and how it ages, and the rest
+        of its policy key, which orders it among those of the class it reaches."""
+        policy = self._core.policy
+        job = self._job(r, policy.effective_rank(r, now), waiting=True)
+        tie = key[1:] if policy.cfg.mode == "hearth" else (i,)
+        return replace(job, tie=tie, base=r.rank, waited_s=max(0.0, now - r.arrival),
+                       every_s=policy.aging_period(r.rank), best=CHAT_RANK)
 
     def _clock(self) -> Clock:
         core = self._core

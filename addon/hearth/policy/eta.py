@@ -5,8 +5,10 @@ and waiting requests (the waiting ones in admission order) and what an iteration
 The simulation is the scheduler's rules, coarsely: a request of class k waits for a slot only
 behind requests of class k or better (lower classes give theirs up: preemption, spare voice
 ids), and its prompt is computed after the prompts of class k or better that were there
-before it. Each request ahead holds its slot until it has written its expected output (the
-class's mean so far, at most what it may still write). One pass in admission order, so a
+before it. Classes are after aging, as the policy ages them: a waiting summary joins chat's line
+when it would reach chat's rank, and a running one that has reached it is not preempted by a
+chat. Each request ahead holds its slot until it has written its expected output (the class's
+mean so far, at most what it may still write). One pass in admission order, so a
 queue of hundreds costs a few hundred small steps; the engine runs it a few times a second
 at most.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +33,20 @@ class Job:
     prefill: int  # prompt tokens still to compute (cached ones left out)
     start: int  # the position its prefill starts at
     output: float  # tokens it is expected to write still
+    # Waiting only: the rest of the policy's key (member's counter, ...), and aging: its own
+    # class, seconds waited, one rank up every ``every_s`` (0: never), never above ``best``.
+    tie: tuple = ()
+    base: int = 0
+    waited_s: float = 0.0
+    every_s: float = 0.0
+    best: int = 0
+
+    def rank_at(self, t: float) -> int:
+        """Its class after aging, ``t`` seconds after the plan."""
+        if self.every_s <= 0:
+            return self.rank
+        steps = math.floor((self.waited_s + t) / self.every_s)
+        return min(self.rank, max(self.best, self.base - steps))
 
 
 @dataclass
@@ -123,6 +140,11 @@ def _end(clock: Clock, busy_until: float, at: float, output: float) -> float:
 
 def _pass(running: Sequence[Job], waiting: Sequence[Job], clock: Clock,
           busy_until: float) -> Plan:
+    """Class by class: a class's line takes the running of that class, then, each time a
+    slot comes free, the best waiting request whose class (after aging, at that time) is
+    that class or better. So a summary that has waited long enough enters chat's line when
+    it reaches chat's rank, by the policy's key there; before that, it is not ahead of any
+    chat (on the 1.5B under summaries, chats told a short wait waited 333 s behind them)."""
     def end(at: float, output: float) -> float:
         return _end(clock, busy_until, at, output)
 
@@ -130,9 +152,13 @@ def _pass(running: Sequence[Job], waiting: Sequence[Job], clock: Clock,
     by_rank: list[list[Job]] = [[] for _ in range(N_RANKS)]
     for r in running:
         by_rank[min(r.rank, N_RANKS - 1)].append(r)
+    # One line per class, in admission order: aging lifts a line's oldest first.
+    lines: list[deque[Job]] = [deque() for _ in range(N_RANKS)]
+    for w in waiting:
+        lines[min(max(w.base, w.rank), N_RANKS - 1)].append(w)
     ends: list[float] = []
     cursor = 0.0
-    i = 0
+    placed = 0
     for k in range(N_RANKS):
         # The running requests of this class now hold slots; their prompts go first.
         for r in by_rank[k]:
@@ -143,15 +169,21 @@ def _pass(running: Sequence[Job], waiting: Sequence[Job], clock: Clock,
                 first = 0.0
             heapq.heappush(ends, end(first, r.output))
         slots = clock.voice_slots if k == 0 else clock.slots
-        while i < len(waiting) and waiting[i].rank <= k:
-            w = waiting[i]
-            i += 1
-            admit = _admit_at(ends, slots)
+        while True:
+            need = len(ends) - max(1, slots) + 1
+            admit = heapq.nsmallest(need, ends)[-1] if need > 0 else 0.0
+            heads = [(rk, line[0].tie, i) for i, line in enumerate(lines)
+                     if line and (rk := line[0].rank_at(admit)) <= k]
+            if not heads:
+                break
+            w = lines[min(heads)[2]].popleft()
+            _admit_at(ends, slots)
             first = max(admit, cursor) + clock.prefill_s(w.prefill, w.start, k)
             cursor = first
             heapq.heappush(ends, end(first, w.output))
-            out.by_id[w.id] = (i, first)
-        out.tails.append(Tail(cursor, list(ends), i))
+            placed += 1
+            out.by_id[w.id] = (placed, first)
+        out.tails.append(Tail(cursor, list(ends), placed))
     return out
 
 

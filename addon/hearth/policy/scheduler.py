@@ -122,11 +122,15 @@ class Policy(IterationRules):
                   + OUTPUT_WEIGHT * output_tokens, now)
 
     # -- ordering ---------------------------------------------------------------------------
+    def aging_period(self, rank: int) -> float:
+        """Seconds a waiting request of class ``rank`` waits per rank it goes up (0: never)."""
+        if self.cfg.mode != "hearth" or rank <= CHAT_RANK:
+            return 0.0
+        return self.cfg.aging_seconds.get(RANK_NAMES[rank]) or 0.0
+
     def effective_rank(self, r: Schedulable, now: float) -> int:
         """Class rank after aging: one rank up per ``aging_seconds`` waited, never above chat."""
-        if self.cfg.mode != "hearth" or r.rank <= CHAT_RANK:
-            return r.rank
-        period = self.cfg.aging_seconds.get(RANK_NAMES[r.rank])
+        period = self.aging_period(r.rank)
         if not period:
             return r.rank
         steps = math.floor(max(0.0, now - r.arrival) / period)
@@ -145,24 +149,25 @@ class Policy(IterationRules):
                     (in_flight or {}).get(r.user, 0), r.arrival, r.id)
         return (r.arrival, r.id)
 
-    def order(self, reqs: Iterable[Schedulable], now: float,
-              running: Iterable[Schedulable] = ()) -> list[Schedulable]:
-        """Admission order of waiting requests, and prefill order of admitted ones."""
+    def keyer(self, now: float, running: Iterable[Schedulable] = ()
+              ) -> Callable[[Schedulable], tuple]:
+        """:meth:`key` at ``now`` beside ``running``, for one sort (members' counters kept)."""
         in_flight: dict[str, int] = {}
         for x in running:
             in_flight[x.user] = in_flight.get(x.user, 0) + 1
         counters: dict[str, float] = {}
-        return sorted(reqs, key=lambda r: self.key(r, now, in_flight, counters))
+        return lambda r: self.key(r, now, in_flight, counters)
+
+    def order(self, reqs: Iterable[Schedulable], now: float,
+              running: Iterable[Schedulable] = ()) -> list[Schedulable]:
+        """Admission order of waiting requests, and prefill order of admitted ones."""
+        return sorted(reqs, key=self.keyer(now, running))
 
     def order_pass(self, waiting: WaitQueue, now: float,
                    running: Iterable[Schedulable] = ()) -> Pass:
         """:meth:`order` of a :class:`WaitQueue`, lazily: a pass that stops early, or skips
         groups that cannot go, computes the keys of a few requests, not of the whole queue."""
-        in_flight: dict[str, int] = {}
-        for x in running:
-            in_flight[x.user] = in_flight.get(x.user, 0) + 1
-        counters: dict[str, float] = {}
-        return Pass(waiting, lambda r: self.key(r, now, in_flight, counters))
+        return Pass(waiting, self.keyer(now, running))
 
     # -- admission --------------------------------------------------------------------------
     def slots_for(self, r: Schedulable, spare_ids: int = 0) -> int:
